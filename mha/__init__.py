@@ -1,0 +1,1 @@
+"""Multi-head attention, from intuition to GPU: the code of the course."""
