@@ -1,1 +1,34 @@
-"""Multi-head attention, from intuition to GPU: the code of the course."""
+"""Multi-head attention, from intuition to GPU: the code of the course.
+
+The package mirrors PyTorch's names and argument order, so what you learn here transfers:
+
+* :func:`scaled_dot_product_attention` — the readable reference (``mha/attention.py``)
+* :func:`flash_attention` — FlashAttention's tiled forward pass in plain PyTorch (``mha/flash.py``)
+* :func:`causal_mask`, :func:`padding_mask`, :func:`sliding_window_mask` — keep-masks (``mha/masks.py``)
+* :class:`MultiHeadAttention`, :class:`KVCache` — the module and its decoding cache (``mha/multihead.py``)
+* :mod:`mha.bench`, :mod:`mha.viz`, :mod:`mha.hardware`, :mod:`mha.exercises` — measuring, drawing,
+  inspecting the machine, and checking your answers to the exercises.
+"""
+
+from . import exercises
+from .attention import scaled_dot_product_attention, softmax
+from .flash import flash_attention, online_softmax_update, tile_schedule
+from .masks import causal_mask, causal_mask_bottom_right, padding_mask, sliding_window_mask
+from .multihead import KVCache, MultiHeadAttention
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "KVCache",
+    "MultiHeadAttention",
+    "causal_mask",
+    "causal_mask_bottom_right",
+    "exercises",
+    "flash_attention",
+    "online_softmax_update",
+    "padding_mask",
+    "scaled_dot_product_attention",
+    "sliding_window_mask",
+    "softmax",
+    "tile_schedule",
+]

@@ -1,0 +1,285 @@
+"""Multi-head attention as a module, with swappable attention backends and a key/value cache."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import check_mask, scaled_dot_product_attention
+from .flash import flash_attention
+from .masks import causal_mask_bottom_right
+
+BACKENDS = ("math", "sdpa", "flash", "triton")
+
+
+class KVCache:
+    """The keys and values of the tokens seen so far, for decoding one step (or chunk) at a time.
+
+    Pass one ``KVCache()`` as ``kv_cache=`` to every call of :meth:`MultiHeadAttention.forward`
+    while decoding a sequence. It stores keys and values *after* projection and head split, and
+    before grouped-query heads are repeated, so its memory is what a real cache costs.
+
+    Shapes:
+        key ``(B, Hkv, S, D)``, value ``(B, Hkv, S, Dv)`` where ``S`` grows with every update.
+    """
+
+    def __init__(self) -> None:
+        self.key: Tensor | None = None
+        self.value: Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.key is None else self.key.shape[-2]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the cached keys and values."""
+        if self.key is None or self.value is None:
+            return 0
+        return self.key.numel() * self.key.element_size() + self.value.numel() * self.value.element_size()
+
+    def reset(self) -> None:
+        self.key = self.value = None
+
+    def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Append this step's keys and values; return everything cached so far.
+
+        Shapes:
+            key ``(B, Hkv, S_new, D)``, value ``(B, Hkv, S_new, Dv)``; returns
+            ``(B, Hkv, S_old + S_new, D)`` and ``(B, Hkv, S_old + S_new, Dv)``.
+        """
+        if self.key is None or self.value is None:
+            self.key, self.value = key, value
+        else:
+            if key.shape[:2] != self.key.shape[:2] or key.shape[-1] != self.key.shape[-1]:
+                raise ValueError(
+                    f"new keys {tuple(key.shape)} do not match the cached keys {tuple(self.key.shape)} "
+                    "(batch, heads and head dim must agree)"
+                )
+            self.key = torch.cat([self.key, key], dim=-2)  # (B, Hkv, S_old + S_new, D)
+            self.value = torch.cat([self.value, value], dim=-2)  # (B, Hkv, S_old + S_new, Dv)
+        return self.key, self.value
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return value
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention: project, split into heads, attend per head, concatenate, project.
+
+    Args:
+        embed_dim: model width ``E`` of the queries and of the output.
+        num_heads: number of query heads ``H``; each has dimension ``D = E // H``.
+        bias: whether the four projections have biases.
+        kdim: width of the key input (cross-attention); defaults to ``embed_dim``.
+        vdim: width of the value input; defaults to ``embed_dim``.
+        dropout: dropout on the attention weights while training.
+        num_kv_heads: number of key/value heads (grouped-query attention); ``1`` is multi-query
+            attention, ``num_heads`` (the default) is ordinary multi-head attention. Query head
+            ``i`` uses key/value head ``i // (num_heads // num_kv_heads)``.
+        backend: ``"math"`` (:func:`mha.scaled_dot_product_attention`), ``"sdpa"`` (torch's fused
+            ``F.scaled_dot_product_attention``), ``"flash"`` (:func:`mha.flash_attention`) or
+            ``"triton"`` (the chapter-6 kernel; needs ``triton``). All give the same numbers.
+
+    Shapes:
+        query ``(B, L, E)``, key ``(B, S, kdim)``, value ``(B, S, vdim)`` → out ``(B, L, E)``.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        bias: bool = True,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        dropout: float = 0.0,
+        num_kv_heads: int | None = None,
+        backend: str = "math",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        embed_dim = _positive_int("embed_dim", embed_dim)
+        num_heads = _positive_int("num_heads", num_heads)
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
+        num_kv_heads = num_heads if num_kv_heads is None else _positive_int("num_kv_heads", num_kv_heads)
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be divisible by num_kv_heads ({num_kv_heads})"
+            )
+        kdim = embed_dim if kdim is None else _positive_int("kdim", kdim)
+        vdim = embed_dim if vdim is None else _positive_int("vdim", vdim)
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+            raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        if backend in ("flash", "triton") and dropout > 0:
+            raise ValueError(f"backend {backend!r} has no attention dropout; got dropout={dropout}")
+
+        self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
+        self.head_dim = embed_dim // num_heads
+        self.kdim, self.vdim, self.dropout, self.backend = kdim, vdim, float(dropout), backend
+        kv_width = num_kv_heads * self.head_dim
+        factory = {"device": device, "dtype": dtype}
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self.k_proj = nn.Linear(kdim, kv_width, bias=bias, **factory)
+        self.v_proj = nn.Linear(vdim, kv_width, bias=bias, **factory)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+
+    def extra_repr(self) -> str:
+        kv = "" if self.num_kv_heads == self.num_heads else f", num_kv_heads={self.num_kv_heads}"
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}{kv}, backend={self.backend!r}"
+
+    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+        for name, t, width in (("query", query, self.embed_dim), ("key", key, self.kdim), ("value", value, self.vdim)):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dim() != 3:
+                raise ValueError(f"{name} must be batch-first (B, length, width), got shape {tuple(t.shape)}")
+            if t.shape[-1] != width:
+                raise ValueError(
+                    f"{name} must have width {width} ({'embed_dim' if name == 'query' else name[0] + 'dim'}), "
+                    f"got shape {tuple(t.shape)}"
+                )
+        if not (query.shape[0] == key.shape[0] == value.shape[0]):
+            raise ValueError(
+                f"query, key and value must have the same batch size, got query {tuple(query.shape)}, "
+                f"key {tuple(key.shape)} and value {tuple(value.shape)}"
+            )
+        if key.shape[1] != value.shape[1]:
+            raise ValueError(
+                f"key and value must have the same length S, got key {tuple(key.shape)} and value {tuple(value.shape)}"
+            )
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+        kv_cache: KVCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``query`` to ``key``/``value`` (self-attention when they are omitted).
+
+        Args:
+            query: the sequence that asks.
+            key: the sequence that is looked at; defaults to ``query``.
+            value: what is read from it; defaults to ``key``.
+            attn_mask: bool keep-mask (``True`` = may attend) or float mask added to the scores,
+                broadcasting to ``(B, H, L, S)``; with a cache ``S`` counts the cached keys too.
+            is_causal: hide future keys. Aligned top-left without a cache (as in PyTorch) and
+                bottom-right with one: each new query sees the whole cache and the new tokens up
+                to itself.
+            need_weights: also return the per-head attention weights. Only the math path can
+                produce them, so the other backends use it for such calls.
+            kv_cache: a :class:`KVCache` to append this call's keys and values to and attend over.
+
+        Shapes:
+            query ``(B, L, E)``, key ``(B, S, kdim)``, value ``(B, S, vdim)``; returns
+            ``out (B, L, E)`` and ``weights (B, H, L, S)`` or ``None``.
+        """
+        key = query if key is None else key
+        value = key if value is None else value
+        self._check_inputs(query, key, value)
+        B, L, E = query.shape
+        S = key.shape[1]
+        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+
+        q = self.q_proj(query).view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
+        k = self.k_proj(key).view(B, S, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
+        v = self.v_proj(value).view(B, S, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
+        if kv_cache is not None:
+            k, v = kv_cache.update(k, v)  # (B, Hkv, S_total, D)
+            S = k.shape[-2]
+            if is_causal:
+                # Bottom-right alignment: the L new queries are the last L of S positions.
+                keep = causal_mask_bottom_right(L, S, device=query.device)  # (L, S)
+                attn_mask = keep if attn_mask is None else self._combine(attn_mask, keep, (B, H, L, S))
+                is_causal = False
+        if Hkv != H:
+            k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, S, D): head i reads kv head i // (H/Hkv)
+            v = v.repeat_interleave(H // Hkv, dim=1)  # (B, H, S, D)
+        if attn_mask is not None:
+            check_mask(attn_mask, (B, H, L, S))
+
+        dropout_p = self.dropout if self.training else 0.0
+        weights = None
+        if need_weights or self.backend == "math":
+            out, weights = scaled_dot_product_attention(
+                q, k, v, attn_mask, dropout_p, is_causal, return_weights=True
+            )  # (B, H, L, D), (B, H, L, S)
+        elif self.backend == "sdpa":
+            if is_causal and attn_mask is not None:  # torch takes one or the other, not both
+                attn_mask = self._combine(attn_mask, torch.ones(L, S, dtype=torch.bool, device=q.device).tril(), (B, H, L, S))
+                is_causal = False
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal)  # (B, H, L, D)
+        elif self.backend == "flash":
+            out = flash_attention(q, k, v, attn_mask, is_causal)  # (B, H, L, D)
+        else:
+            if attn_mask is not None:
+                raise ValueError("backend 'triton' supports is_causal but no attn_mask; use another backend")
+            from .triton_flash import triton_attention
+
+            out = triton_attention(q, k, v, is_causal=is_causal)  # (B, H, L, D)
+
+        out = out.transpose(1, 2).reshape(B, L, E)  # concat heads -> (B, L, E)
+        out = self.out_proj(out)  # (B, L, E)
+        return out, (weights if need_weights else None)
+
+    @staticmethod
+    def _combine(attn_mask: Tensor, keep: Tensor, target: tuple[int, ...]) -> Tensor:
+        """Combine a user mask with a bool keep-mask of shape ``(L, S)``."""
+        check_mask(attn_mask, target)
+        if attn_mask.dtype == torch.bool:
+            return attn_mask & keep
+        return attn_mask.masked_fill(~keep, float("-inf"))
+
+    @classmethod
+    def from_torch(cls, module: nn.MultiheadAttention, *, backend: str = "math") -> MultiHeadAttention:
+        """Build a :class:`MultiHeadAttention` with the weights of a ``nn.MultiheadAttention``.
+
+        The module must be batch-first. Its bool masks mean "masked out"; pass ``~mask`` to ours.
+        """
+        if not isinstance(module, nn.MultiheadAttention):
+            raise TypeError(f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}")
+        if not module.batch_first:
+            raise ValueError("module must be built with batch_first=True (ours is batch-first)")
+        if module.bias_k is not None or module.add_zero_attn:
+            raise ValueError("add_bias_kv and add_zero_attn have no counterpart here")
+        ref = module.out_proj.weight
+        ours = cls(
+            module.embed_dim,
+            module.num_heads,
+            bias=module.in_proj_bias is not None,
+            kdim=module.kdim,
+            vdim=module.vdim,
+            dropout=module.dropout,
+            backend=backend,
+            device=ref.device,
+            dtype=ref.dtype,
+        )
+        E = module.embed_dim
+        with torch.no_grad():
+            if module._qkv_same_embed_dim:
+                q_w, k_w, v_w = module.in_proj_weight.split(E)  # 3 × (E, E)
+            else:
+                q_w, k_w, v_w = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
+            for proj, w in ((ours.q_proj, q_w), (ours.k_proj, k_w), (ours.v_proj, v_w)):
+                proj.weight.copy_(w)
+            if module.in_proj_bias is not None:
+                for proj, b in zip((ours.q_proj, ours.k_proj, ours.v_proj), module.in_proj_bias.split(E)):
+                    proj.bias.copy_(b)
+            ours.out_proj.weight.copy_(module.out_proj.weight)
+            if module.out_proj.bias is not None:
+                ours.out_proj.bias.copy_(module.out_proj.bias)
+        return ours
