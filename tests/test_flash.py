@@ -1,0 +1,111 @@
+"""mha.flash_attention: same numbers as torch's SDPA, fewer tiles under masks, float32 statistics."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.testing import assert_close
+
+import mha
+
+
+def randn(*shape, dtype=torch.float64, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def qkv(L, S, D=16, Dv=8, batch=(2, 3), dtype=torch.float64):
+    return randn(*batch, L, D, dtype=dtype, seed=1), randn(*batch, S, D, dtype=dtype, seed=2), randn(
+        *batch, S, Dv, dtype=dtype, seed=3
+    )
+
+
+@pytest.mark.parametrize("block_size", [1, 5, 16, 64, 200])
+@pytest.mark.parametrize("L,S", [(37, 37), (37, 45), (45, 37), (1, 30), (30, 1)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_matches_torch_for_ragged_tiles(block_size, L, S, is_causal):
+    q, k, v = qkv(L, S)
+    assert_close(
+        mha.flash_attention(q, k, v, is_causal=is_causal, block_size=block_size),
+        F.scaled_dot_product_attention(q, k, v, is_causal=is_causal),
+    )
+
+
+@pytest.mark.parametrize("kind", ["bool", "float", "window", "padding"])
+def test_masks(kind):
+    L = S = 40
+    q, k, v = qkv(L, S)
+    if kind == "bool":
+        mask = torch.rand(L, S, generator=torch.Generator().manual_seed(0)) > 0.5
+        mask[:, 0] = True
+    elif kind == "float":
+        mask = randn(2, 1, L, S, seed=9)
+    elif kind == "window":
+        mask = mha.sliding_window_mask(L, S, window=6)
+    else:
+        mask = mha.padding_mask(torch.tensor([40, 13]), S)
+    assert_close(
+        mha.flash_attention(q, k, v, mask, block_size=8),
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+    )
+
+
+def test_causal_with_padding_and_scale():
+    q, k, v = qkv(24, 24)
+    pad = mha.padding_mask(torch.tensor([24, 10]), 24)
+    assert_close(
+        mha.flash_attention(q, k, v, pad, is_causal=True, scale=0.2, block_size=7),
+        F.scaled_dot_product_attention(q, k, v, attn_mask=pad & mha.causal_mask(24), scale=0.2),
+    )
+
+
+def test_fully_masked_rows_are_zero():
+    q, k, v = qkv(20, 20)
+    keep = torch.ones(20, 20, dtype=torch.bool)
+    keep[3] = False
+    keep[11:17] = False  # a whole block of rows
+    out = mha.flash_attention(q, k, v, keep, block_size=4)
+    assert not torch.isnan(out).any()
+    assert torch.equal(out[..., 3, :], torch.zeros_like(out[..., 3, :]))
+    ref = mha.scaled_dot_product_attention(q, k, v, keep)
+    assert_close(out, ref)
+
+
+def test_tile_schedule_skips_hidden_tiles():
+    full = mha.tile_schedule(256, 256, block_size=64)
+    causal = mha.tile_schedule(256, 256, block_size=64, is_causal=True)
+    window = mha.tile_schedule(256, 256, block_size=32, attn_mask=mha.sliding_window_mask(256, window=32))
+    rows = lambda tiles: sum(t.q1 - t.q0 for t in tiles)
+    assert len(full) == 4 and rows(full) == 4 * 256
+    assert rows(causal) == 256 + 192 + 128 + 64  # each key tile is seen by the rows at or below it
+    assert rows(window) == 7 * 64 + 32  # each key tile is seen by its own row block and the next
+    # the schedule never drops a (row, key) pair that the mask keeps
+    keep = mha.sliding_window_mask(256, window=32)
+    covered = torch.zeros(256, 256, dtype=torch.bool)
+    for t in window:
+        covered[t.q0 : t.q1, t.k0 : t.k1] = True
+    assert not (keep & ~covered).any()
+
+
+def test_online_softmax_update_equals_softmax_over_all_tiles():
+    scores = randn(4, 12, seed=7).float()
+    values = randn(12, 3, seed=8).float()
+    m = torch.full((4, 1), -math.inf)
+    l = torch.zeros(4, 1)
+    acc = torch.zeros(4, 3)
+    for c0 in range(0, 12, 5):
+        m, l, acc = mha.online_softmax_update(m, l, acc, scores[:, c0 : c0 + 5], values[c0 : c0 + 5])
+    assert_close(m, scores.amax(-1, keepdim=True))
+    assert_close(acc / l, torch.softmax(scores, -1) @ values)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_error_vs_float64_golden_is_no_worse_than_torch(dtype):
+    q, k, v = qkv(70, 90, D=32, Dv=32)
+    golden = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    ours = mha.flash_attention(q.to(dtype), k.to(dtype), v.to(dtype), is_causal=True, block_size=16)
+    theirs = F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), is_causal=True)
+    assert ours.dtype == dtype
+    err_ours = (ours.double() - golden).abs().max()
+    err_torch = (theirs.double() - golden).abs().max()
+    assert err_ours <= 3 * err_torch + torch.finfo(dtype).eps, (err_ours, err_torch)

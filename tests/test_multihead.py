@@ -1,0 +1,172 @@
+"""mha.MultiHeadAttention against torch.nn.MultiheadAttention, across backends, GQA and KV cache."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.testing import assert_close
+
+import mha
+
+BACKENDS = ["math", "sdpa", "flash"]
+
+
+def randn(*shape, seed=0, dtype=torch.float64):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def torch_mha(E=32, H=4, **kwargs):
+    torch.manual_seed(0)
+    return nn.MultiheadAttention(E, H, batch_first=True, dtype=torch.float64, **kwargs).eval()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_self_attention_matches_torch(backend):
+    ref = torch_mha()
+    ours = mha.MultiHeadAttention.from_torch(ref, backend=backend)
+    x = randn(3, 10, 32)
+    out, weights = ours(x)
+    assert weights is None
+    assert_close(out, ref(x, x, x, need_weights=False)[0])
+
+
+def test_per_head_weights_match_torch():
+    ref = torch_mha()
+    ours = mha.MultiHeadAttention.from_torch(ref)
+    x = randn(3, 10, 32)
+    out, weights = ours(x, need_weights=True)
+    ref_out, ref_weights = ref(x, x, x, average_attn_weights=False)
+    assert weights.shape == (3, 4, 10, 10)
+    assert_close(out, ref_out)
+    assert_close(weights, ref_weights)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cross_attention_with_other_widths_matches_torch(backend):
+    ref = torch_mha(kdim=12, vdim=20)
+    ours = mha.MultiHeadAttention.from_torch(ref, backend=backend)
+    q, k, v = randn(2, 5, 32, seed=1), randn(2, 9, 12, seed=2), randn(2, 9, 20, seed=3)
+    assert_close(ours(q, k, v)[0], ref(q, k, v, need_weights=False)[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_padding_mask_converted_with_not(backend):
+    ref = torch_mha()
+    ours = mha.MultiHeadAttention.from_torch(ref, backend=backend)
+    x = randn(2, 8, 32)
+    lengths = torch.tensor([8, 5])
+    keep = mha.padding_mask(lengths, 8)  # (B, 1, 1, S), True = real token
+    key_padding_mask = ~keep[:, 0, 0, :]  # torch's convention: True = ignore
+    ref_out = ref(x, x, x, key_padding_mask=key_padding_mask, need_weights=False)[0]
+    assert_close(ours(x, attn_mask=keep)[0], ref_out)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_causal_matches_torch(backend):
+    ref = torch_mha()
+    ours = mha.MultiHeadAttention.from_torch(ref, backend=backend)
+    x = randn(2, 8, 32)
+    torch_mask = ~mha.causal_mask(8)  # torch's bool attn_mask: True = masked out
+    ref_out = ref(x, x, x, attn_mask=torch_mask, need_weights=False)[0]
+    assert_close(ours(x, is_causal=True)[0], ref_out)
+
+
+def test_no_bias_and_separate_projection_weights():
+    ref = torch_mha(bias=False, kdim=16, vdim=16)
+    assert not ref._qkv_same_embed_dim
+    ours = mha.MultiHeadAttention.from_torch(ref)
+    assert ours.q_proj.bias is None and ours.out_proj.bias is None
+    q, kv = randn(2, 4, 32), randn(2, 6, 16)
+    assert_close(ours(q, kv)[0], ref(q, kv, kv, need_weights=False)[0])
+
+
+def test_backends_agree_with_masks_and_gqa():
+    torch.manual_seed(0)
+    base = mha.MultiHeadAttention(48, 6, num_kv_heads=2, dtype=torch.float64)
+    x = randn(2, 11, 48)
+    mask = mha.padding_mask(torch.tensor([11, 7]), 11) & mha.sliding_window_mask(11, window=4)
+    outs = []
+    for backend in BACKENDS:
+        base.backend = backend
+        outs.append(base(x, attn_mask=mask, is_causal=True)[0])
+    for out in outs[1:]:
+        assert_close(out, outs[0])
+
+
+@pytest.mark.parametrize("num_kv_heads", [1, 2, 3])
+def test_gqa_equals_mha_with_explicitly_repeated_heads(num_kv_heads):
+    torch.manual_seed(0)
+    H, D = 6, 4
+    gqa = mha.MultiHeadAttention(H * D, H, num_kv_heads=num_kv_heads, dtype=torch.float64)
+    assert gqa.k_proj.out_features == num_kv_heads * D
+    full = mha.MultiHeadAttention(H * D, H, dtype=torch.float64)
+    group = H // num_kv_heads
+    with torch.no_grad():
+        full.q_proj.load_state_dict(gqa.q_proj.state_dict())
+        full.out_proj.load_state_dict(gqa.out_proj.state_dict())
+        for src, dst in ((gqa.k_proj, full.k_proj), (gqa.v_proj, full.v_proj)):
+            # query head i reads key/value head i // group: repeat each kv head's rows `group` times
+            dst.weight.copy_(src.weight.view(num_kv_heads, D, -1).repeat_interleave(group, 0).reshape(H * D, -1))
+            dst.bias.copy_(src.bias.view(num_kv_heads, D).repeat_interleave(group, 0).reshape(H * D))
+    x = randn(2, 7, H * D)
+    out_gqa, w_gqa = gqa(x, need_weights=True, is_causal=True)
+    out_full, w_full = full(x, need_weights=True, is_causal=True)
+    assert_close(out_gqa, out_full)
+    assert_close(w_gqa, w_full)
+    # and torch's own GQA path agrees
+    B, L, E = x.shape
+    q = gqa.q_proj(x).view(B, L, H, D).transpose(1, 2)
+    k = gqa.k_proj(x).view(B, L, num_kv_heads, D).transpose(1, 2)
+    v = gqa.v_proj(x).view(B, L, num_kv_heads, D).transpose(1, 2)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert_close(out_gqa, gqa.out_proj(ref.transpose(1, 2).reshape(B, L, E)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("chunk", [1, 3, 10])
+@pytest.mark.parametrize("num_kv_heads", [4, 1])
+def test_kv_cache_decoding_equals_one_causal_pass(backend, chunk, num_kv_heads):
+    torch.manual_seed(0)
+    model = mha.MultiHeadAttention(32, 4, num_kv_heads=num_kv_heads, backend=backend, dtype=torch.float64).eval()
+    x = randn(2, 10, 32)
+    full = model(x, is_causal=True)[0]
+    cache = mha.KVCache()
+    steps = [model(x[:, i : i + chunk], is_causal=True, kv_cache=cache)[0] for i in range(0, 10, chunk)]
+    assert_close(torch.cat(steps, dim=1), full)
+    assert len(cache) == 10
+    D = 8
+    assert cache.key.shape == (2, num_kv_heads, 10, D)
+    assert cache.nbytes == 2 * (2 * num_kv_heads * 10 * D) * 8  # keys + values, float64
+
+
+def test_kv_cache_with_padding_mask():
+    torch.manual_seed(0)
+    model = mha.MultiHeadAttention(16, 2, dtype=torch.float64)
+    x = randn(2, 6, 16)
+    keep = mha.padding_mask(torch.tensor([6, 6]), 6)
+    keep = keep.clone()
+    keep[1, ..., 1] = False  # sequence 1 hides token 1 from everyone
+    full = model(x, attn_mask=keep, is_causal=True)[0]
+    cache = mha.KVCache()
+    steps = [model(x[:, i : i + 1], attn_mask=keep[..., : i + 1], is_causal=True, kv_cache=cache)[0] for i in range(6)]
+    assert_close(torch.cat(steps, 1), full)
+
+
+def test_dropout_only_while_training():
+    torch.manual_seed(0)
+    model = mha.MultiHeadAttention(16, 2, dropout=0.5, dtype=torch.float64)
+    x = randn(1, 20, 16)
+    model.eval()
+    a, b = model(x)[0], model(x)[0]
+    assert torch.equal(a, b)
+    model.train()
+    c = model(x)[0]
+    assert not torch.allclose(a, c)
+
+
+def test_gradients_flow_through_every_backend():
+    for backend in BACKENDS:
+        torch.manual_seed(0)
+        model = mha.MultiHeadAttention(16, 2, backend=backend, dtype=torch.float64)
+        model(randn(2, 5, 16), is_causal=True)[0].sum().backward()
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
