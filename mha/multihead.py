@@ -195,9 +195,13 @@ class MultiHeadAttention(nn.Module):
         S = key.shape[1]
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
 
-        q = self.q_proj(query).view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
-        k = self.k_proj(key).view(B, S, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
-        v = self.v_proj(value).view(B, S, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
+        if key is query and value is query:
+            q, k, v = self._fused_qkv(query)  # self-attention: one matmul instead of three
+        else:
+            q, k, v = self.q_proj(query), self.k_proj(key), self.v_proj(value)
+        q = q.view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
+        k = k.view(B, S, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
+        v = v.view(B, S, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)  # (B, Hkv, S_total, D)
             S = k.shape[-2]
@@ -235,6 +239,23 @@ class MultiHeadAttention(nn.Module):
         out = out.transpose(1, 2).reshape(B, L, E)  # concat heads -> (B, L, E)
         out = self.out_proj(out)  # (B, L, E)
         return out, (weights if need_weights else None)
+
+    def _fused_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Project ``x`` to queries, keys and values with one matmul on the stacked weights.
+
+        One large matrix multiply uses the hardware better than three smaller ones, and reads
+        ``x`` once. The stacked weight is rebuilt on each call (cheap next to the matmul), so the
+        three ``nn.Linear`` modules remain the single source of the parameters.
+
+        Shapes:
+            x ``(B, L, E)``; returns ``(B, L, E)``, ``(B, L, Hkv·D)``, ``(B, L, Hkv·D)``.
+        """
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        weight = torch.cat([p.weight for p in projections])  # (E + 2·Hkv·D, E)
+        bias = None if self.q_proj.bias is None else torch.cat([p.bias for p in projections])
+        kv_width = self.num_kv_heads * self.head_dim
+        qkv = F.linear(x, weight, bias)  # (B, L, E + 2·Hkv·D)
+        return qkv.split([self.embed_dim, kv_width, kv_width], dim=-1)
 
     @staticmethod
     def _combine(attn_mask: Tensor, keep: Tensor, target: tuple[int, ...]) -> Tensor:
