@@ -1,0 +1,399 @@
+"""FlashAttention's forward pass as a Triton kernel.
+
+:func:`triton_attention` computes the same thing as :func:`mha.flash_attention` (chapter 5), but as
+one GPU kernel written in Triton: each *program* (a thread block) owns one tile of ``BLOCK_M``
+query rows of one (batch, head) pair, keeps its running softmax state ``m, l, acc`` in registers,
+and streams the keys and values past it ``BLOCK_N`` columns at a time. The ``(L, S)`` score
+matrix never exists in memory, and with ``is_causal`` the loop stops at the diagonal, so the
+tiles above it are never even loaded.
+
+Triton is optional (``pip install "mha[triton]"``): ``import mha`` works without it, and
+:func:`triton_attention` then raises an ``ImportError`` that says what to install.
+
+Where the kernel runs is decided when this module is imported, because ``@triton.jit`` reads
+the environment variable ``TRITON_INTERPRET`` at the moment it decorates a function (and Triton
+decorates its own ``triton.language`` helpers when ``triton`` is first imported, so the variable
+must be set before the first ``import triton`` of the process):
+
+* unset: the kernel is compiled for the GPU (CUDA or ROCm) and needs GPU tensors;
+* ``TRITON_INTERPRET=1``: the kernel runs in Triton's interpreter, which executes it program by
+  program with NumPy on the CPU. It is slow, but it runs the very same kernel source, which is how
+  the course tests it on machines without a GPU.
+
+The interpreter stores bfloat16 as raw 16-bit patterns and does not compute with them (Triton's
+debugging guide says to cast bfloat16 to float32 first). Under the interpreter the kernel therefore
+up-casts bfloat16 tiles to float32 right after loading them; compiled for a GPU it multiplies them
+in bfloat16 on the tensor cores.
+"""
+
+# No `from __future__ import annotations` here: the kernel's `tl.constexpr` annotations are read
+# by Triton as objects, the way its documentation writes them.
+import math
+
+import torch
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # mha works without Triton; triton_attention() says what to install
+
+    class _NoTriton:
+        """Stands in for ``triton`` and ``triton.language`` so this module imports without them.
+
+        ``jit`` leaves the kernels as plain Python functions; they are never launched, because
+        :func:`triton_attention` raises first.
+        """
+
+        constexpr = None
+
+        @staticmethod
+        def jit(fn):
+            return fn
+
+    triton = tl = _NoTriton()
+    HAS_TRITON = False
+else:
+    HAS_TRITON = True
+
+LOG2E = math.log2(math.e)  # exp(x) == exp2(x * LOG2E); exp2 is the cheaper instruction
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 128
+
+
+# The kernel's layout groups related arguments and terms; the formatter leaves it alone.
+# fmt: off
+@triton.jit
+def _attn_fwd_kernel(
+    Q, K, V, Out,  # pointers to the first element of each (B, H, L|S, D) tensor
+    stride_qb, stride_qh, stride_ql, stride_qd,  # strides in elements, any layout
+    stride_kb, stride_kh, stride_ks, stride_kd,
+    stride_vb, stride_vh, stride_vs, stride_vd,
+    stride_ob, stride_oh, stride_ol, stride_od,
+    H, L, S,  # heads, query length, key length
+    qk_scale,  # scale * log2(e): scores come out in base-2 units, ready for exp2
+    HEAD_DIM: tl.constexpr,  # D
+    BLOCK_D: tl.constexpr,  # D rounded up to a power of two >= 16, as tl.arange and tl.dot need
+    BLOCK_M: tl.constexpr,  # query rows per program
+    BLOCK_N: tl.constexpr,  # key/value rows per loop step
+    IS_CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr,  # compute on float32 copies of the tiles (bfloat16, interpreter)
+):
+    # step 1 - program ids
+    start_m = tl.program_id(0)  # which tile of BLOCK_M query rows
+    off_bh = tl.program_id(1)  # which (batch, head) pair, flattened to b * H + h
+    off_b = off_bh // H
+    off_h = off_bh % H
+    # end of step 1
+
+    # step 2 - load the query tile
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) the query rows of this tile
+    offs_n = tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions inside one key tile
+    offs_d = tl.arange(0, BLOCK_D)  # (BLOCK_D,) head-dim lanes; those past D are padding
+    q_ptrs = (Q + off_b * stride_qb + off_h * stride_qh
+              + offs_m[:, None] * stride_ql + offs_d[None, :] * stride_qd)  # (BLOCK_M, BLOCK_D)
+    q_mask = (offs_m[:, None] < L) & (offs_d[None, :] < HEAD_DIM)  # rows past L, lanes past D
+    q = tl.load(q_ptrs, mask=q_mask, other=0.0)  # (BLOCK_M, BLOCK_D), zeros where masked
+    if UPCAST:
+        q = q.to(tl.float32)
+    # K is read as K^T, (BLOCK_D, BLOCK_N), so that q @ k^T is a plain tl.dot.
+    k_ptrs = (K + off_b * stride_kb + off_h * stride_kh
+              + offs_n[None, :] * stride_ks + offs_d[:, None] * stride_kd)  # (BLOCK_D, BLOCK_N)
+    v_ptrs = (V + off_b * stride_vb + off_h * stride_vh
+              + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd)  # (BLOCK_N, BLOCK_D)
+    # end of step 2
+
+    # step 3 - the running state
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running row max (base-2 units)
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)  # running denominator, relative to m
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # running numerator, relative to m
+    # end of step 3
+
+    # step 4 - the causal loop bound
+    if IS_CAUSAL:
+        # Row i sees keys 0..i, so no row of this tile sees a key past its last real row: the
+        # key tiles from there on are skipped, not loaded and masked.
+        hi = tl.minimum(S, tl.minimum(L, (start_m + 1) * BLOCK_M))
+    else:
+        hi = S
+    # end of step 4
+
+    for start_n in range(0, hi, BLOCK_N):
+        # step 5 - one tile of scores
+        offs_s = start_n + offs_n  # (BLOCK_N,) the key positions of this tile
+        k_mask = (offs_s[None, :] < S) & (offs_d[:, None] < HEAD_DIM)  # (BLOCK_D, BLOCK_N)
+        k = tl.load(k_ptrs + start_n * stride_ks, mask=k_mask, other=0.0)  # (BLOCK_D, BLOCK_N)
+        if UPCAST:
+            k = k.to(tl.float32)
+        # Padded head-dim lanes are 0 in q and k, so they add nothing to the dot product.
+        # "ieee" keeps float32 inputs in full float32 (the default would be TF32 on tensor cores).
+        scores = tl.dot(q, k, input_precision="ieee") * qk_scale  # (BLOCK_M, BLOCK_N) float32
+        keep = offs_s[None, :] < S  # (1, BLOCK_N) keys past S are padding of the last tile
+        if IS_CAUSAL:
+            keep = keep & (offs_s[None, :] <= offs_m[:, None])  # (BLOCK_M, BLOCK_N)
+        scores = tl.where(keep, scores, float("-inf"))
+        # end of step 5
+
+        # step 6 - the online-softmax update
+        m_new = tl.maximum(m, tl.max(scores, 1))  # (BLOCK_M,)
+        # A row that has seen only hidden keys keeps m = -inf; shifting by 0 instead of -inf makes
+        # its exponentials exactly 0 rather than exp2(-inf - (-inf)) = NaN.
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # (BLOCK_M,)
+        p = tl.exp2(scores - shift[:, None])  # (BLOCK_M, BLOCK_N) unnormalised weights
+        alpha = tl.exp2(m - shift)  # (BLOCK_M,) how much the old state shrinks
+        l = alpha * l + tl.sum(p, 1)  # (BLOCK_M,)
+        v_mask = (offs_s[:, None] < S) & (offs_d[None, :] < HEAD_DIM)  # (BLOCK_N, BLOCK_D)
+        v = tl.load(v_ptrs + start_n * stride_vs, mask=v_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
+        if UPCAST:
+            v = v.to(tl.float32)
+        # p is cast to the value dtype so that the second matmul runs on the tensor cores too.
+        pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")  # (BLOCK_M, BLOCK_D) float32
+        acc = acc * alpha[:, None] + pv
+        m = m_new
+        # end of step 6
+
+    # step 7 - normalise and store
+    l = tl.where(l == 0.0, 1.0, l)  # a row that saw no key at all (S == 0) returns zeros
+    out = acc / l[:, None]  # (BLOCK_M, BLOCK_D)
+    o_ptrs = (Out + off_b * stride_ob + off_h * stride_oh
+              + offs_m[:, None] * stride_ol + offs_d[None, :] * stride_od)  # (BLOCK_M, BLOCK_D)
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=q_mask)
+    # end of step 7
+# fmt: on
+
+
+def is_interpreted() -> bool:
+    """Whether this module's kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1``).
+
+    Decided when the module was imported; ``False`` if Triton is not installed.
+    """
+    if not HAS_TRITON:
+        return False
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(_attn_fwd_kernel, InterpretedFunction)
+
+
+def _check_mode(interpreted: bool) -> None:
+    """Fail clearly if Triton itself and this module were imported under different settings.
+
+    ``triton.language`` decorates its own helpers (``tl.zeros``, ...) with ``@triton.jit`` when
+    ``triton`` is first imported. If ``TRITON_INTERPRET`` changed between that import and this
+    module's, the kernel would call helpers built for the other mode and fail with an obscure error.
+    """
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    helper = getattr(tl, "zeros", None)
+    if not isinstance(helper, (InterpretedFunction, JITFunction)):
+        return  # a Triton whose helpers are built differently: nothing to compare
+    if isinstance(helper, InterpretedFunction) != interpreted:
+        raise RuntimeError(
+            "Triton was imported with a different TRITON_INTERPRET setting than mha.triton_flash. "
+            "Set os.environ['TRITON_INTERPRET'] = '1' (CPU) or leave it unset (GPU) before the "
+            "first `import triton` of the process, then restart Python."
+        )
+
+
+def _require_triton() -> None:
+    if not HAS_TRITON:
+        raise ImportError(
+            "triton_attention needs Triton, which is not installed. Install it with "
+            '`pip install triton` (or `pip install "mha[triton]"`); on Colab it comes with torch.'
+        )
+
+
+def default_blocks(head_dim: int, dtype: torch.dtype) -> tuple[int, int]:
+    """The ``(BLOCK_M, BLOCK_N)`` tile sizes :func:`triton_attention` uses unless told otherwise.
+
+    Two key/value tiles of ``BLOCK_N x D`` elements live in shared memory per pipeline stage, so
+    wide heads and 4-byte float32 get narrower key tiles to fit the 64 KiB of a T4.
+    """
+    if dtype == torch.float32 or head_dim > 64:
+        return 64, 32
+    return 64, 64
+
+
+def launch_grid(B: int, H: int, L: int, block_m: int) -> tuple[int, int]:
+    """The launch grid of the kernel: one program per (query tile, batch·head) pair.
+
+    Returns ``(cdiv(L, block_m), B * H)``: axis 0 is read by ``tl.program_id(0)`` (which query
+    tile), axis 1 by ``tl.program_id(1)`` (which batch and head).
+    """
+    return (-(-L // block_m), B * H)
+
+
+def causal_kv_end(start_m: int, block_m: int, L: int, S: int) -> int:
+    """Python mirror of the kernel's causal loop bound: keys ``[0, end)`` are visited.
+
+    The kernel visits the key tiles starting at ``0, BLOCK_N, 2·BLOCK_N, ...`` below this bound.
+    """
+    return min(S, L, (start_m + 1) * block_m)
+
+
+def _check_block(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < 16 or value & (value - 1):
+        raise ValueError(f"{name} must be a power of two >= 16 (tl.dot needs it), got {value}")
+    return value
+
+
+def _check_inputs(query: Tensor, key: Tensor, value: Tensor) -> None:
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (B, H, L|S, D), got shape {tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(
+                f"{name} must be float16, bfloat16 or float32, got {t.dtype} "
+                f"(shape {tuple(t.shape)})"
+            )
+    if not query.dtype == key.dtype == value.dtype:
+        raise TypeError(
+            "query, key and value must share a dtype, got "
+            f"{query.dtype}, {key.dtype} and {value.dtype}"
+        )
+    if not query.device == key.device == value.device:
+        raise ValueError(
+            "query, key and value must be on one device, got "
+            f"{query.device}, {key.device} and {value.device}"
+        )
+    if key.shape != value.shape:
+        raise ValueError(
+            f"key and value must have the same shape (B, H, S, D), got key {tuple(key.shape)} "
+            f"and value {tuple(value.shape)}"
+        )
+    if query.shape[:2] != key.shape[:2] or query.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            "query and key must agree on batch, heads and head dim (B, H, ., D), got query "
+            f"{tuple(query.shape)} and key {tuple(key.shape)}"
+        )
+    D = query.shape[-1]
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"head dim D must be in [1, {MAX_HEAD_DIM}], got D={D} (query {tuple(query.shape)})"
+        )
+
+
+def triton_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    is_causal: bool = False,
+    *,
+    scale: float | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> Tensor:
+    """Attention forward pass with the Triton FlashAttention kernel of this module.
+
+    Same result as ``F.scaled_dot_product_attention(query, key, value, is_causal=is_causal,
+    scale=scale)``. Masks other than the causal one are not supported; the softmax statistics
+    and the output accumulate in float32 for every input dtype.
+
+    Args:
+        query, key, value: float16, bfloat16 or float32 tensors on one device: a GPU, or the CPU
+            when the kernel runs in Triton's interpreter (see :func:`is_interpreted`). Any strides.
+        is_causal: query ``i`` sees keys ``0..i`` (top-left alignment, as in PyTorch); key tiles
+            that lie wholly above the diagonal are skipped.
+        scale: multiplies the scores; defaults to ``1/sqrt(D)``.
+        block_m: query rows per program; ``block_n``: keys per loop step. Powers of two >= 16;
+            the defaults come from :func:`default_blocks`.
+
+    Shapes:
+        query ``(B, H, L, D)``, key and value ``(B, H, S, D)`` with ``1 <= D <= 128``;
+        returns ``(B, H, L, D)`` in the input dtype.
+
+    Raises:
+        ImportError: Triton is not installed.
+        RuntimeError: CPU tensors while the kernel is compiled for a GPU (set
+            ``TRITON_INTERPRET=1`` before importing this module to use the interpreter).
+    """
+    _require_triton()
+    _check_inputs(query, key, value)
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if scale is not None and (
+        isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)
+    ):
+        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
+    D = query.shape[-1]
+    interpreted = is_interpreted()
+    _check_mode(interpreted)
+    if query.device.type == "cpu" and not interpreted:
+        raise RuntimeError(
+            "query is on the CPU, but the Triton kernel was compiled for a GPU. Move the "
+            "tensors to the GPU, or run the kernel in Triton's interpreter: set "
+            "os.environ['TRITON_INTERPRET'] = '1' before the first `import triton` (importing "
+            "mha.triton_flash imports triton), then restart Python."
+        )
+    if (
+        query.device.type == "cuda"
+        and not interpreted
+        and query.dtype == torch.bfloat16
+        and torch.version.hip is None
+        and torch.cuda.get_device_capability(query.device) < (8, 0)
+    ):
+        major, minor = torch.cuda.get_device_capability(query.device)
+        raise TypeError(
+            "bfloat16 needs an NVIDIA GPU of compute capability 8.0 or newer (Ampere), this "
+            f"one is {major}.{minor}; use float16 (query {tuple(query.shape)}, {query.dtype})"
+        )
+    tuned = block_m is None and block_n is None  # we chose the tiles, so we may shrink them
+    default_m, default_n = default_blocks(D, query.dtype)
+    block_m = _check_block("block_m", default_m if block_m is None else block_m)
+    block_n = _check_block("block_n", default_n if block_n is None else block_n)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+
+    out = torch.empty_like(query, memory_format=torch.contiguous_format)  # (B, H, L, D)
+    if out.numel() == 0:
+        return out
+    while True:
+        try:
+            _launch(query, key, value, out, is_causal, scale, block_m, block_n, interpreted)
+            return out
+        except triton.runtime.errors.OutOfResources:
+            # A GPU with less shared memory than the defaults assume (64 KiB): halve the tiles.
+            if not tuned or block_m == block_n == 16:
+                raise
+            block_n, block_m = (block_n // 2, block_m) if block_n > 16 else (block_n, block_m // 2)
+
+
+def _launch(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    out: Tensor,
+    is_causal: bool,
+    scale: float,
+    block_m: int,
+    block_n: int,
+    interpreted: bool,
+) -> None:
+    B, H, L, D = query.shape
+    S = key.shape[2]
+    grid = launch_grid(B, H, L, block_m)  # (cdiv(L, BLOCK_M), B * H)
+    _attn_fwd_kernel[grid](
+        query,
+        key,
+        value,
+        out,
+        *query.stride(),
+        *key.stride(),
+        *value.stride(),
+        *out.stride(),
+        H,
+        L,
+        S,
+        scale * LOG2E,
+        HEAD_DIM=D,
+        BLOCK_D=max(16, triton.next_power_of_2(D)),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        IS_CAUSAL=is_causal,
+        UPCAST=interpreted and query.dtype == torch.bfloat16,
+        num_warps=4,
+        num_stages=2,
+    )
