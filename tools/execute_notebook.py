@@ -5,6 +5,10 @@ Usage: python tools/execute_notebook.py chapters/01_queries_keys_values.ipynb [.
 Runs each notebook in a fresh kernel with its directory as the working directory, keeps cells
 tagged ``skip-execution`` unexecuted, lets cells tagged ``raises-exception`` fail, and strips
 the per-cell metadata (timings, widgets state) that nbval does not need.
+
+Tracebacks are stored in IPython's ``Minimal`` mode ("ValueError: message"): the message is what a
+deliberate-error cell shows the reader, and a full traceback would print file paths of the machine
+that ran it. (nbval compares the exception name and message, not the traceback.)
 """
 
 from __future__ import annotations
@@ -50,11 +54,15 @@ def execute(path: Path, timeout: int = 600) -> float:
         record_timing=False,
         skip_cells_with_tag="skip-execution",
         allow_error_names=[],
+        extra_arguments=["--InteractiveShell.xmode=Minimal"],
     )
     start = time.perf_counter()
     client.execute()
     elapsed = time.perf_counter() - start
-    # Re-number so the stored counts run 1..N over the executed cells, as nbval and the guard expect.
+    # A fresh kernel numbers the executed cells 1..N; tests/test_notebooks.py relies on it.
+    counts = [c.execution_count for c in nb.cells if c.cell_type == "code" and c.execution_count]
+    if counts != list(range(1, len(counts) + 1)):
+        raise RuntimeError(f"{path}: unexpected execution counts {counts}")
     clean(nb)
     nbformat.validate(nb)
     nbformat.write(nb, path)

@@ -1,0 +1,79 @@
+# Multi-Head Attention, from Intuition to GPU.
+#
+#   make book     set up .venv and build the book   -> _build/html/index.html
+#   make test     set up everything and run every test (unit, notebooks, book build, browser)
+#   make serve    serve the built book on http://localhost:8000
+#   make execute  re-execute every chapter in place (after editing a chapter or mha)
+#   make bench    print the timing report of mha.bench
+#   make clean    remove build outputs (keeps .venv and node_modules)
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PORT   ?= 8000
+
+CHAPTERS := $(sort $(wildcard chapters/[0-9]*.ipynb))
+JB_BUILD := $(BIN)/jupyter-book build . -W -n --keep-going --all
+NBVAL    := $(BIN)/pytest -p no:cacheprovider --nbval --nbval-current-env \
+            --nbval-sanitize-with tests/sanitize.cfg
+
+.PHONY: help venv book test test-unit test-notebooks test-browser mathjax serve execute bench clean
+
+help:
+	@sed -n '3,9p' Makefile
+
+# The virtual environment is (re)installed whenever requirements.txt or pyproject.toml changes.
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --disable-pip-version-check -r requirements.txt
+	touch $@
+
+venv: $(STAMP)
+
+# A local MathJax 3 for the browser test (the book itself loads MathJax from its CDN).
+node_modules/mathjax/package.json: package.json package-lock.json
+	npm ci --no-audit --no-fund
+	touch $@
+
+mathjax:
+	@if command -v npm >/dev/null 2>&1; then \
+		$(MAKE) --no-print-directory node_modules/mathjax/package.json; \
+	else \
+		echo "npm not found: the browser test needs a local MathJax (npm ci) and will be skipped"; \
+	fi
+
+# --all rebuilds every page, so that -W sees the warnings of unchanged pages too.
+book: $(STAMP)
+	$(JB_BUILD)
+	@echo "The book is in _build/html/index.html"
+
+test: $(STAMP) mathjax
+	$(MAKE) --no-print-directory test-unit
+	$(MAKE) --no-print-directory test-notebooks
+	$(MAKE) --no-print-directory book
+	$(MAKE) --no-print-directory test-browser
+
+test-unit: $(STAMP)
+	$(BIN)/pytest -m "not browser" tests
+
+test-notebooks: $(STAMP)
+	$(NBVAL) chapters
+
+test-browser: $(STAMP)
+	$(BIN)/pytest -m browser tests/test_browser.py
+
+serve:
+	@test -f _build/html/index.html || { echo "No book yet: run make book first"; exit 1; }
+	$(BIN)/python -m http.server $(PORT) --bind 127.0.0.1 --directory _build/html
+
+execute: $(STAMP)
+	$(BIN)/python tools/execute_notebook.py $(CHAPTERS)
+
+bench: $(STAMP)
+	$(BIN)/python -m mha.bench
+
+clean:
+	rm -rf _build .pytest_cache .hypothesis
+	find . -path ./.venv -prune -o -path ./node_modules -prune -o \
+		-name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,289 @@
+"""The built book, as a reader sees it: every page rendered in headless Chromium.
+
+Needs `make book` (the HTML in _build/html), Debian's `chromium` (or CHROMIUM=/path/to/chrome)
+and a local MathJax 3 from `npm ci` (node_modules/mathjax). The book loads MathJax from its CDN;
+here that request is answered from the local copy, so the test really checks typeset math, offline.
+Any other request that leaves localhost is blocked.
+
+Locally a missing prerequisite skips the test; with the environment variable CI set it fails.
+Screenshots of every chapter land in _build/screenshots/.
+"""
+
+from __future__ import annotations
+
+import functools
+import mimetypes
+import os
+import re
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlparse
+
+import nbformat
+import pytest
+from conftest import REPO, read_yaml, skip_or_fail, toc_chapter_files
+
+pytestmark = pytest.mark.browser
+
+HTML = Path(os.environ.get("BOOK_HTML", REPO / "_build" / "html"))
+SCREENSHOTS = REPO / "_build" / "screenshots"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+MATHJAX_LOCAL = REPO / "node_modules" / "mathjax" / "es5"
+MATHJAX_CDN = "https://cdn.jsdelivr.net/npm/mathjax@3/es5/"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",  # containers often have a tiny /dev/shm
+]
+CHAPTERS = [f for f in toc_chapter_files(read_yaml(REPO / "_toc.yml")) if f.startswith("chapters/")]
+CONFIG = read_yaml(REPO / "_config.yml")
+
+# TeX that MathJax should have consumed; seen in the page text, it means math was not typeset.
+RAW_TEX = re.compile(
+    r"\$\$|\\\(|\\\)|\\\[|\\\]|\\(?:frac|sqrt|begin|end|mathbb|operatorname|text)\b"
+    r"|\$[^$\s][^$\n]{0,80}?(?<!\s)\$"  # $inline$ math that stayed text
+)
+
+# Text of the article without code, outputs and typeset math (where TeX-like text is legitimate).
+ARTICLE_TEXT_JS = """() => {
+  const article = document.querySelector('article') || document.body;
+  const copy = article.cloneNode(true);
+  copy.querySelectorAll('pre, code, mjx-container, script, style, .cell_output, .math')
+      .forEach(el => el.remove());
+  return copy.textContent;
+}"""
+
+# Every math element Sphinx wrote must now hold MathJax output; list those that do not, and every
+# formula whose internal MathML has an error or an undefined macro (MathJax draws those in red).
+MATH_PROBLEMS_JS = """() => {
+  const untypeset = [...document.querySelectorAll('.math')]
+      .filter(el => !el.querySelector('mjx-container')).map(el => el.textContent.slice(0, 80));
+  const broken = [];
+  for (const item of MathJax.startup.document.math) {
+    const mml = MathJax.startup.toMML(item.root);
+    if (/<merror|mathcolor="red"/.test(mml)) broken.push(item.math.slice(0, 80));
+  }
+  return {count: document.querySelectorAll('mjx-container').length,
+          errors: document.querySelectorAll('mjx-merror').length, untypeset, broken};
+}"""
+
+IMAGES_JS = """async () => {
+  const imgs = [...document.querySelectorAll('article img')];
+  imgs.forEach(img => { img.loading = 'eager'; });
+  await Promise.all(imgs.map(img => img.complete ? null :
+      new Promise(resolve => { img.onload = img.onerror = resolve; })));
+  return imgs.map(img => ({src: img.getAttribute('src'), width: img.naturalWidth}));
+}"""
+
+
+# sphinx-thebe 0.3.1 writes its inline config script twice into every page under Sphinx 7.4, so
+# the second copy fails with this SyntaxError. Thebe (live code in the page) is not enabled in this
+# book, so nothing depends on that script; any other JavaScript error fails the test.
+KNOWN_PAGE_ERRORS = {"Identifier 'THEBE_JS_URL' has already been declared"}
+
+
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def site() -> str:
+    if not (HTML / "index.html").exists():
+        skip_or_fail(f"no built book in {HTML}; run `make book` first")
+    server = ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(HTML))
+    )
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        skip_or_fail(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set CHROMIUM=...)")
+    if not (MATHJAX_LOCAL / "tex-mml-chtml.js").exists():
+        skip_or_fail("no local MathJax in node_modules/mathjax; run `npm ci`")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        skip_or_fail("playwright is not installed in this environment")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def open_page(browser, site):
+    """open_page(path) -> (page, problems): the page loaded, MathJax finished, problems recorded."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    problems: dict[str, list[str]] = {"mathjax_missing": [], "page_errors": [], "blocked": []}
+
+    def route(r) -> None:
+        url = r.request.url
+        if url.startswith(site):
+            r.continue_()
+        elif url.startswith(MATHJAX_CDN):
+            local = MATHJAX_LOCAL / urlparse(url).path.removeprefix(urlparse(MATHJAX_CDN).path)
+            if local.is_file():
+                ctype = mimetypes.guess_type(local.name)[0] or "application/octet-stream"
+                r.fulfill(status=200, body=local.read_bytes(), headers={"Content-Type": ctype})
+            else:
+                problems["mathjax_missing"].append(url)
+                r.fulfill(status=404, body="")
+        else:
+            problems["blocked"].append(url)
+            r.abort()
+
+    context.route("**/*", route)
+
+    def open_(path: str, redirects_to: str | None = None):
+        page = context.new_page()
+        page.on(
+            "pageerror",
+            lambda exc: str(exc) in KNOWN_PAGE_ERRORS or problems["page_errors"].append(str(exc)),
+        )
+        response = page.goto(site + path, wait_until="load")
+        assert response is not None and response.ok, f"{path}: HTTP {response and response.status}"
+        if redirects_to:
+            page.wait_for_url(site + redirects_to, wait_until="load", timeout=10_000)
+        if page.locator(".math").count():
+            page.wait_for_function(
+                "() => window.MathJax && MathJax.startup && MathJax.startup.promise"
+            )
+            page.evaluate("() => MathJax.startup.promise.then(() => true)")
+        return page, problems
+
+    yield open_
+    context.close()
+
+
+def check_math(page, path: str, problems: dict) -> None:
+    math = page.evaluate(MATH_PROBLEMS_JS)
+    assert math["count"] > 0, f"{path}: no math typeset by MathJax (no mjx-container)"
+    assert not problems["mathjax_missing"], (
+        f"{path}: MathJax files missing locally: {problems['mathjax_missing']}"
+    )
+    assert not math["untypeset"], f"{path}: math left untypeset: {math['untypeset']}"
+    assert math["errors"] == 0 and not math["broken"], f"{path}: MathJax errors in {math['broken']}"
+    leftover = RAW_TEX.findall(page.evaluate(ARTICLE_TEXT_JS))
+    assert not leftover, f"{path}: raw TeX in the page text: {leftover[:10]}"
+
+
+def notebook_facts(stem: str) -> dict:
+    nb = nbformat.read(REPO / "chapters" / f"{stem}.ipynb", as_version=4)
+    title = next(ln for ln in nb.cells[1].source.splitlines() if ln.startswith("# "))[2:].strip()
+    markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    return {
+        "title": title,
+        "exercises": len(re.findall(r"\{exercise(?:-start)?\}", markdown)),
+        "solutions": len(re.findall(r"\{solution-start\}", markdown)),
+        "pngs": sum(
+            "image/png" in o.get("data", {})
+            for c in nb.cells
+            if c.cell_type == "code"
+            and not {"remove-output", "remove-cell"} & set(c.metadata.get("tags", []))
+            for o in c.outputs
+        ),
+    }
+
+
+def colab_url(stem: str) -> str:
+    owner_repo = urlparse(CONFIG["repository"]["url"]).path.strip("/").removesuffix(".git")
+    branch = CONFIG["repository"]["branch"]
+    return (
+        f"https://colab.research.google.com/github/{owner_repo}/blob/{branch}/chapters/{stem}.ipynb"
+    )
+
+
+def test_landing_page(open_page):
+    root = read_yaml(REPO / "_toc.yml")["root"]
+    # The site's index.html forwards to the landing page.
+    page, problems = open_page("index.html", redirects_to=f"{root}.html")
+    assert "Multi-Head Attention" in page.locator("article h1").first.inner_text()
+    check_math(page, "index.html", problems)
+    entries = len(
+        re.findall(r"^@\w+\{", (REPO / "references.bib").read_text(encoding="utf-8"), re.MULTILINE)
+    )
+    shown = page.locator(
+        "article .citation, article dl.citation > dt, article div.citation"
+    ).count()
+    assert shown >= entries, (
+        f"the bibliography shows {shown} of the {entries} entries of references.bib"
+    )
+    for chapter in CHAPTERS:
+        assert page.locator(f'article a[href^="{Path(chapter).name}.html"]').count(), (
+            f"index does not link {chapter}"
+        )
+    assert not problems["page_errors"], f"JavaScript errors: {problems['page_errors']}"
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / "index.png", full_page=True)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: Path(c).name)
+def test_chapter_page(open_page, chapter):
+    stem = Path(chapter).name
+    path = f"{chapter}.html"
+    assert (HTML / path).exists(), f"{path} is not in the built book"
+    facts = notebook_facts(stem)
+    page, problems = open_page(path)
+
+    # It renders: the chapter's own title, numbered once by the toc.
+    h1 = page.locator("article h1").first.inner_text().replace("#", "").strip()
+    plain_title = re.sub(r"[`*]", "", facts["title"])
+    if "$" not in plain_title:
+        assert plain_title in h1, f"{path}: heading {h1!r} does not show the title {plain_title!r}"
+    assert not re.match(r"^\d+\.\s*\d+\.", h1), f"{path}: the title is numbered twice: {h1!r}"
+
+    check_math(page, path, problems)
+
+    # Every figure loads; every PNG output of the notebook is on the page.
+    images = page.evaluate(IMAGES_JS)
+    broken = [img["src"] for img in images if img["width"] == 0]
+    assert not broken, f"{path}: images that did not load: {broken}"
+    assert len(images) >= facts["pngs"], (
+        f"{path}: {len(images)} images for {facts['pngs']} PNG outputs"
+    )
+
+    # The Colab launch button opens this very notebook on the configured branch.
+    hrefs = set(
+        page.eval_on_selector_all(
+            'a[href^="https://colab.research.google.com/"]', "els => els.map(e => e.href)"
+        )
+    )
+    assert hrefs == {colab_url(stem)}, f"{path}: Colab links {hrefs}, expected {colab_url(stem)}"
+
+    # Exercises render; solutions are folded until the reader opens them.
+    exercises = page.locator("article div.exercise")
+    assert exercises.count() == facts["exercises"], (
+        f"{path}: {exercises.count()} exercises rendered, the notebook has {facts['exercises']}"
+    )
+    solutions = page.locator("article div.solution")
+    assert solutions.count() == facts["solutions"], (
+        f"{path}: {solutions.count()} solutions rendered, the notebook has {facts['solutions']}"
+    )
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / f"{stem}.png")
+    for i in range(solutions.count()):
+        solution = solutions.nth(i)
+        body = solution.locator("section, .cell").first
+        assert body.count(), f"{path}: solution {i + 1} is empty"
+        assert not body.is_visible(), f"{path}: solution {i + 1} is shown before it is opened"
+        # The chevron button; the title itself also holds a link to the exercise.
+        solution.locator("button.toggle-button").first.click()
+        body.wait_for(state="visible", timeout=5000)
+        if i == 0:
+            solution.scroll_into_view_if_needed()
+            page.screenshot(path=SCREENSHOTS / f"{stem}-solution.png")
+
+    assert not problems["page_errors"], f"{path}: JavaScript errors: {problems['page_errors']}"

@@ -1,0 +1,298 @@
+"""Guards on the committed chapter notebooks.
+
+nbval (run by `make test`) re-executes every chapter and compares outputs; these tests check what
+nbval cannot: that the stored notebooks were executed top to bottom in a fresh kernel, carry the
+shared setup cell, show no unexpected errors, warnings or machine paths, and that every exercise
+has an executed, auto-checked solution. They also keep _toc.yml and chapters/ in step.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+import nbformat
+import pytest
+from conftest import REPO, toc_chapter_files
+
+SETUP_CELL = REPO / "tools" / "setup_cell.txt"
+NOTEBOOKS = sorted((REPO / "chapters").glob("[0-9][0-9]_*.ipynb"))
+
+# Directive openings as MyST writes them: ```{name} ... , ````{name} ... or :::{name} ...
+FENCE = r"^[ \t]*(?:`{3,}|:{3,})"
+EXERCISE_RE = re.compile(FENCE + r"\{exercise(?:-start)?\}", re.MULTILINE)
+SOLUTION_START_RE = re.compile(FENCE + r"\{solution-start\}[ \t]+(\S+)", re.MULTILINE)
+SOLUTION_END_RE = re.compile(FENCE + r"\{solution-end\}", re.MULTILINE)
+CHECKER_CALL_RE = re.compile(r"\bmha\.exercises\.check_\w+\s*\(")
+PIP_URL_RE = re.compile(r"%pip install[^\n]*git\+(\S+?)[\"'\s]")
+
+
+def tags(cell) -> list[str]:
+    return list(cell.get("metadata", {}).get("tags", []))
+
+
+def executed(cell) -> bool:
+    return cell.cell_type == "code" and "skip-execution" not in tags(cell)
+
+
+def normalise_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    return url.removesuffix(".git")
+
+
+def output_texts(output) -> list[str]:
+    """Every piece of text an output shows (images excluded)."""
+    if output.output_type == "stream":
+        return [output.text]
+    if output.output_type == "error":
+        return [output.ename, output.evalue, *output.traceback]
+    texts = []
+    for mime, value in output.get("data", {}).items():
+        if not mime.startswith("image/"):
+            texts.append(value if isinstance(value, str) else str(value))
+    return texts
+
+
+def exercise_labels(source: str) -> list[str | None]:
+    """Labels of the {exercise} directives in a markdown cell (None for an unlabelled one)."""
+    labels = []
+    for match in EXERCISE_RE.finditer(source):
+        # Options follow the directive line directly; the first blank line ends them.
+        options = source[match.end() :].split("\n\n", 1)[0]
+        label = re.search(r"^[ \t]*:label:[ \t]*(\S+)", options, re.MULTILINE)
+        labels.append(label.group(1) if label else None)
+    return labels
+
+
+@pytest.fixture(scope="module", params=NOTEBOOKS, ids=lambda p: p.name)
+def notebook(request) -> tuple[Path, nbformat.NotebookNode]:
+    path = request.param
+    return path, nbformat.read(path, as_version=4)
+
+
+# --- the book and the chapters agree ---------------------------------------------------------
+
+
+def test_every_toc_chapter_exists_and_every_chapter_is_in_the_toc(toc):
+    listed = toc_chapter_files(toc)
+    assert listed, "_toc.yml lists no chapters"
+    assert len(listed) == len(set(listed)), f"_toc.yml lists a file twice: {listed}"
+    missing = [
+        f for f in listed if not (REPO / f"{f}.ipynb").exists() and not (REPO / f"{f}.md").exists()
+    ]
+    assert not missing, f"in _toc.yml but not in the repository: {missing}"
+    on_disk = {f"chapters/{p.stem}" for p in NOTEBOOKS}
+    unlisted = sorted(on_disk - set(listed))
+    assert not unlisted, f"chapter notebooks missing from _toc.yml: {unlisted}"
+    assert (REPO / f"{toc['root']}.md").exists(), f"the landing page {toc['root']}.md is missing"
+
+
+def test_setup_cell_installs_from_the_repository_in_config(book_config):
+    text = SETUP_CELL.read_text(encoding="utf-8")
+    urls = PIP_URL_RE.findall(text)
+    assert len(urls) == 1, (
+        f"expected one `%pip install ... git+URL` line in {SETUP_CELL.name}, found {urls}"
+    )
+    repository = book_config["repository"]["url"]
+    assert normalise_url(urls[0]) == normalise_url(repository), (
+        f"the setup cell installs from {urls[0]} but _config.yml's repository.url is {repository}"
+    )
+
+
+def test_readme_and_ci_agree_with_config(book_config):
+    """The README's Colab links, its Pages URL and the deploy branch all follow _config.yml."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    owner_repo = urlparse(normalise_url(book_config["repository"]["url"])).path.strip("/")
+    branch = book_config["repository"]["branch"]
+    links = re.findall(r"https://colab\.research\.google\.com/github/([^)\s\"'>]+)", readme)
+    assert links, "the README has no Colab link"
+    prefix = f"{owner_repo}/blob/{branch}/"
+    for link in links:
+        assert link.startswith(prefix), (
+            f"README Colab link {link} is not under {prefix} (from _config.yml)"
+        )
+        assert (REPO / link.removeprefix(prefix)).exists(), (
+            f"README Colab link to a missing file: {link}"
+        )
+    unlinked = [p.name for p in NOTEBOOKS if f"{prefix}chapters/{p.name}" not in links]
+    assert not unlinked, f"chapters missing from the README's chapter list: {unlinked}"
+    baseurl = book_config["html"]["baseurl"]
+    assert baseurl in readme, f"the README does not give the book's address {baseurl}"
+    workflows = "".join(
+        p.read_text(encoding="utf-8") for p in (REPO / ".github" / "workflows").glob("*.yml")
+    )
+    assert f"refs/heads/{branch}" in workflows, (
+        f"no workflow deploys from the branch {branch!r} of _config.yml"
+    )
+
+
+# --- each chapter ----------------------------------------------------------------------------
+
+
+def test_is_valid_nbformat(notebook):
+    path, nb = notebook
+    nbformat.validate(nb)
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3", (
+        f"{path.name}: kernel is not python3"
+    )
+
+
+def test_first_cell_is_the_shared_setup_cell(notebook):
+    path, nb = notebook
+    first = nb.cells[0]
+    assert first.cell_type == "code", f"{path.name}: the first cell must be the setup code cell"
+    expected = SETUP_CELL.read_text(encoding="utf-8").rstrip("\n")
+    assert first.source.rstrip("\n") == expected, (
+        f"{path.name}: the first cell differs from tools/setup_cell.txt; paste that file's text exactly"
+    )
+    for tag in ("hide-input", "nbval-ignore-output"):
+        assert tag in tags(first), (
+            f"{path.name}: the setup cell must be tagged {tag!r}, has {tags(first)}"
+        )
+
+
+def test_second_cell_has_label_and_title(notebook, toc):
+    path, nb = notebook
+    cell = nb.cells[1]
+    assert cell.cell_type == "markdown", f"{path.name}: the second cell must be markdown"
+    lines = [line for line in cell.source.splitlines() if line.strip()]
+    label = f"(ch{path.name[:2]})="
+    assert lines and lines[0].strip() == label, (
+        f"{path.name}: the second cell must start with the label line {label}, got {lines[:1]}"
+    )
+    assert len(lines) > 1 and re.match(r"# \S", lines[1]), (
+        f"{path.name}: the label must be followed by the chapter title as a '# ' heading, got {lines[1:2]}"
+    )
+    numbered = any(part.get("numbered") for part in toc.get("parts", []))
+    if numbered:
+        assert not re.match(r"#\s*\d+[.)]?\s", lines[1]), (
+            f"{path.name}: _toc.yml numbers the chapters, so the title must not carry its own number "
+            f"(it would read '1. 1. ...'): {lines[1]!r}"
+        )
+
+
+def test_executed_top_to_bottom_in_a_fresh_kernel(notebook):
+    path, nb = notebook
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    empty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and not c.source.strip()]
+    assert not empty, f"{path.name}: empty code cells at indices {empty} (they are never executed)"
+    counts = [c.execution_count for c in code if executed(c)]
+    assert counts == list(range(1, len(counts) + 1)), (
+        f"{path.name}: execution counts {counts} are not 1..{len(counts)}; "
+        f"re-run it with `make execute` (tools/execute_notebook.py)"
+    )
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and not executed(cell):
+            assert cell.execution_count is None and not cell.outputs, (
+                f"{path.name}, cell {i}: a skip-execution cell must be stored unexecuted, without outputs"
+            )
+            # nbval does not know the skip-execution tag (myst-nb and nbclient do).
+            assert "nbval-skip" in tags(cell), (
+                f"{path.name}, cell {i}: a skip-execution cell must also be tagged nbval-skip, "
+                f"or nbval runs it; tags are {tags(cell)}"
+            )
+
+
+def test_no_unexpected_errors_and_no_stderr(notebook):
+    path, nb = notebook
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        if "raises-exception" in tags(cell):
+            assert len(errors) == 1, (
+                f"{path.name}, cell {i}: tagged raises-exception but raised {len(errors)} errors"
+            )
+        else:
+            assert not errors, (
+                f"{path.name}, cell {i}: unexpected {errors[0].ename}: {errors[0].evalue} "
+                f"(tag the cell raises-exception if the error is deliberate)"
+            )
+        stderr = [o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stderr"]
+        assert not stderr, (
+            f"{path.name}, cell {i}: writes to stderr (silence it at the source): {stderr[0][:300]!r}"
+        )
+        svg = [o for o in cell.outputs if "image/svg+xml" in o.get("data", {})]
+        assert not svg, (
+            f"{path.name}, cell {i}: SVG output (nbval compares SVG text); show figures as PNG"
+        )
+
+
+def test_outputs_show_no_paths_of_this_machine(notebook):
+    path, nb = notebook
+    forbidden = {str(REPO), str(REPO.resolve()), sys.prefix, str(Path.home()) + "/"}
+    patterns = [
+        re.compile(r"[/\\](?:site|dist)-packages[/\\]"),
+        re.compile(r"[/\\]\.venv[/\\]"),
+        # Typical roots of checkouts and temporary files, on this machine or any other.
+        re.compile(
+            r"(?<![\w.~])/(?:home|root|Users|tmp|work|workspace|mnt|opt|srv|private|content)/\w"
+        ),
+        re.compile(r"\b[A-Za-z]:\\(?:Users|Windows)\\"),
+    ]
+    for i, cell in enumerate(nb.cells):
+        for output in cell.get("outputs", []):
+            for text in output_texts(output):
+                hits = [s for s in forbidden if s in text] + [
+                    p.pattern for p in patterns if p.search(text)
+                ]
+                assert not hits, (
+                    f"{path.name}, cell {i}: an output shows a path of the machine that ran it ({hits}); "
+                    f"print relative paths, and in raises-exception cells use `%xmode Minimal` or catch and "
+                    f"print the exception. Output: {text[:300]!r}"
+                )
+
+
+def test_exercises_have_executed_auto_checked_solutions(notebook):
+    path, nb = notebook
+    exercises: list[tuple[int, str | None]] = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            exercises += [(i, label) for label in exercise_labels(cell.source)]
+    assert len(exercises) >= 3, (
+        f"{path.name}: {len(exercises)} {{exercise}} blocks, at least 3 required"
+    )
+    unlabelled = [i for i, label in exercises if label is None]
+    assert not unlabelled, f"{path.name}: {{exercise}} without :label: in cells {unlabelled}"
+
+    for ex_index, label in exercises:
+        starts = [
+            i
+            for i, c in enumerate(nb.cells)
+            if c.cell_type == "markdown" and label in SOLUTION_START_RE.findall(c.source)
+        ]
+        assert len(starts) == 1, (
+            f"{path.name}: exercise {label} needs exactly one {{solution-start}} {label}, found {len(starts)}"
+        )
+        start = starts[0]
+        assert start > ex_index, f"{path.name}: the solution of {label} comes before its exercise"
+        ends = [
+            i
+            for i in range(start + 1, len(nb.cells))
+            if nb.cells[i].cell_type == "markdown" and SOLUTION_END_RE.search(nb.cells[i].source)
+        ]
+        assert ends, f"{path.name}: {{solution-start}} {label} has no {{solution-end}} after it"
+        body = nb.cells[start + 1 : ends[0]]
+        code = [c for c in body if c.cell_type == "code"]
+        assert code, f"{path.name}: the solution of {label} contains no code cell"
+        skipped = [c for c in code if not executed(c)]
+        assert not skipped, (
+            f"{path.name}: the solution of {label} has a skip-execution cell; solutions are executed"
+        )
+        checked = [c for c in code if CHECKER_CALL_RE.search(c.source)]
+        assert checked, (
+            f"{path.name}: the solution of {label} never calls mha.exercises.check_...(...)"
+        )
+        for cell in checked:
+            assert cell.execution_count is not None, (
+                f"{path.name}: the solution of {label} is not executed"
+            )
+            assert not [o for o in cell.outputs if o.output_type == "error"], (
+                f"{path.name}: the checker rejected the solution of {label}"
+            )
+            printed = "".join(
+                o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stdout"
+            )
+            assert printed.strip(), f"{path.name}: the solution of {label} shows no checker message"
