@@ -10,7 +10,7 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
   inspecting the machine, and checking your answers to the exercises.
 """
 
-from . import exercises
+from . import bench, exercises, hardware, viz
 from .attention import scaled_dot_product_attention, softmax
 from .flash import flash_attention, online_softmax_update, tile_schedule
 from .masks import causal_mask, causal_mask_bottom_right, padding_mask, sliding_window_mask
@@ -21,14 +21,17 @@ __version__ = "0.1.0"
 __all__ = [
     "KVCache",
     "MultiHeadAttention",
+    "bench",
     "causal_mask",
     "causal_mask_bottom_right",
     "exercises",
     "flash_attention",
+    "hardware",
     "online_softmax_update",
     "padding_mask",
     "scaled_dot_product_attention",
     "sliding_window_mask",
     "softmax",
     "tile_schedule",
+    "viz",
 ]

@@ -85,19 +85,23 @@ def tile_schedule(
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
     n_row_blocks = math.ceil(L / block_size)
-    visible_rows = None
+    n_key_tiles = math.ceil(S / block_size)
+    sees_tile = None
     if attn_mask is not None:
         keep = attn_mask if attn_mask.dtype == torch.bool else ~torch.isneginf(attn_mask)
-        keep = keep.expand(*keep.shape[:-2], L, S)
-        visible_rows = keep.reshape(-1, L, S).any(0)  # (L, S): may row i see key j in any batch?
+        while keep.dim() > 2:  # may row i see key j in any batch or head?
+            keep = keep.any(0)
+        padded = torch.zeros(L, n_key_tiles * block_size, dtype=torch.bool, device=keep.device)
+        padded[:, :S] = keep  # broadcasts a (1, S) or (L, 1) mask to (L, S)
+        sees_tile = padded.view(L, n_key_tiles, block_size).any(-1)  # (L, n_key_tiles)
     tiles = []
     for k0 in range(0, S, block_size):
         k1 = min(k0 + block_size, S)
         first, last = 0, n_row_blocks - 1  # row blocks that can see this tile
         if is_causal:
             first = max(first, k0 // block_size)  # row i sees key j only if j <= i
-        if visible_rows is not None:
-            rows = visible_rows[:, k0:k1].any(1).nonzero()
+        if sees_tile is not None:
+            rows = sees_tile[:, k0 // block_size].nonzero()
             if rows.numel() == 0:
                 continue
             first = max(first, int(rows[0]) // block_size)
@@ -139,7 +143,6 @@ def flash_attention(
     batch = query.shape[:-2]
     if attn_mask is not None:
         check_mask(attn_mask, (*batch, L, S))
-        attn_mask = attn_mask.expand(*batch, L, S)  # a view: no memory
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     stat_dtype = torch.float32 if query.dtype in _LOW_PRECISION else query.dtype
 
@@ -148,7 +151,10 @@ def flash_attention(
     acc = torch.zeros((*batch, L, value.shape[-1]), dtype=stat_dtype, device=query.device)
 
     query = query * scale  # scaling q once is cheaper than scaling every tile of scores
-    for t in tile_schedule(L, S, block_size=block_size, is_causal=is_causal, attn_mask=attn_mask):
+    schedule = tile_schedule(L, S, block_size=block_size, is_causal=is_causal, attn_mask=attn_mask)
+    if attn_mask is not None:
+        attn_mask = attn_mask.expand(*batch, L, S)  # a view (no memory) that slices like the scores
+    for t in schedule:
         q = query[..., t.q0 : t.q1, :]  # (..., R, D) the rows that can see this tile
         k = key[..., t.k0 : t.k1, :]  # (..., C, D)
         v = value[..., t.k0 : t.k1, :]  # (..., C, Dv)

@@ -1,0 +1,862 @@
+"""Measuring attention: time on ``torch.utils.benchmark``, peak memory for real, sweeps, slopes.
+
+* :func:`time_fn` times one call pattern with ``torch.utils.benchmark.Timer``, which warms up,
+  picks a block size that hides the timer's own overhead and synchronises CUDA around each block.
+* :func:`compare_times` times several functions in interleaved rounds, so that a burst of load on
+  the machine hits all of them alike and their *ratio* stays meaningful.
+* :func:`peak_memory` measures the extra bytes a call allocates at its peak: on CUDA with the
+  caching allocator's peak counter, on the CPU by replaying the allocation events that
+  ``torch.profiler`` records with ``profile_memory=True``.
+* :func:`sweep` runs several implementations over a grid of sizes and returns a :class:`Table`;
+  :func:`loglog_fit` fits ``y ≈ c · x**slope`` to such a curve (slope 2 for memory that grows like
+  ``L²``, slope 1 for ``L``).
+
+``python -m mha.bench`` prints the course's performance targets, each a ratio against PyTorch
+measured in one run (``--quick`` for a smoke test, ``--strict`` to exit 1 when a target is missed).
+
+Printed measurements carry a leading ``~`` (``time ~1.234 ms``): they change from run to run, and
+the notebooks' sanitiser rewrites ``~<number>`` so that stored outputs stay comparable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import math
+import os
+import re
+import statistics
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils import benchmark
+
+__all__ = [
+    "Check",
+    "LogLogFit",
+    "Table",
+    "Timing",
+    "compare_times",
+    "loglog_fit",
+    "main",
+    "peak_memory",
+    "run_report",
+    "sweep",
+    "time_fn",
+]
+
+MiB = 2**20
+
+
+# --------------------------------------------------------------------------------------- timing
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The run time of one call, summarised over many measured runs.
+
+    Attributes:
+        median: median seconds per call.
+        iqr: interquartile range of the per-call times, in seconds (0 with a single block).
+        runs: how many calls were measured (warm-up calls not included).
+        times: seconds per call of each measured block (a block is ``runs / len(times)`` calls).
+    """
+
+    median: float
+    iqr: float
+    runs: int
+    times: tuple[float, ...]
+
+    @property
+    def ms(self) -> float:
+        """The median in milliseconds."""
+        return self.median * 1e3
+
+    def __str__(self) -> str:
+        return f"~{self.ms:.3f} ms (IQR ~{self.iqr * 1e3:.3f} ms, ~{self.runs} runs)"
+
+
+def _positive_float(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def _summarise(times: Sequence[float], number: int) -> Timing:
+    """Median and IQR of per-call block times."""
+    if len(times) >= 2:
+        q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
+        iqr = q3 - q1
+    else:
+        iqr = 0.0
+    return Timing(statistics.median(times), iqr, len(times) * number, tuple(times))
+
+
+class _Runner:
+    """A ``Timer`` for one call pattern plus the block size it settled on."""
+
+    def __init__(self, fn: Callable[..., object], args: tuple, kwargs: dict, num_threads: int):
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        self.timer = benchmark.Timer(
+            stmt="fn(*args, **kwargs)",
+            globals={"fn": fn, "args": args, "kwargs": kwargs},
+            num_threads=num_threads,
+        )
+        self.number: int | None = None
+
+    def measure(self, min_run_time: float) -> list[float]:
+        """Seconds per call of each block run in about ``min_run_time`` seconds."""
+        if self.number is None:
+            # blocked_autorange warms up and chooses the block size; keep it for later rounds
+            # so that every round measures the same thing.
+            m = self.timer.blocked_autorange(min_run_time=min_run_time)
+            self.number = m.number_per_run
+            return list(m.times)
+        times: list[float] = []
+        while not times or sum(times) * self.number < min_run_time:
+            times.extend(self.timer.timeit(self.number).times)
+        return times
+
+
+def _threads(num_threads: int | None) -> int:
+    # torch.utils.benchmark defaults to ONE thread; the course compares what a reader would see,
+    # so use every thread torch would use anyway.
+    return (
+        torch.get_num_threads()
+        if num_threads is None
+        else _positive_int("num_threads", num_threads)
+    )
+
+
+def time_fn(
+    fn: Callable[..., object],
+    *args: Any,
+    min_run_time: float = 0.2,
+    min_blocks: int = 3,
+    num_threads: int | None = None,
+    **kwargs: Any,
+) -> Timing:
+    """Time ``fn(*args, **kwargs)`` with ``torch.utils.benchmark``.
+
+    The timer warms up, chooses how many calls make one block (so that the timer's overhead is
+    negligible) and, on CUDA, synchronises the device around every block, so asynchronous kernel
+    launches are not mistaken for finished work.
+
+    Args:
+        fn: the function to time; it is called with ``*args`` and ``**kwargs``.
+        min_run_time: seconds of measurement to collect at least.
+        min_blocks: measure at least this many blocks, so that slow calls (one call per block)
+            still get a median of several runs.
+        num_threads: torch threads during the measurement; defaults to ``torch.get_num_threads()``
+            (``Timer`` itself would use one thread).
+
+    Returns:
+        A :class:`Timing` with the median seconds per call, the IQR and the number of runs.
+
+    To time inference, pass a function decorated with ``@torch.no_grad()``: otherwise autograd's
+    bookkeeping (for inputs that require grad) is part of what is measured.
+    """
+    min_run_time = _positive_float("min_run_time", min_run_time)
+    min_blocks = _positive_int("min_blocks", min_blocks)
+    runner = _Runner(fn, args, kwargs, _threads(num_threads))
+    times = runner.measure(min_run_time)
+    while len(times) < min_blocks:
+        times.extend(runner.measure(0.0))  # one more block
+    return _summarise(times, runner.number or 1)
+
+
+def compare_times(
+    fns: Mapping[str, Callable[[], object]],
+    *,
+    rounds: int = 3,
+    min_run_time: float = 0.2,
+    num_threads: int | None = None,
+) -> dict[str, Timing]:
+    """Time several zero-argument functions in interleaved rounds, for ratios between them.
+
+    Each round measures every function for about ``min_run_time`` seconds, in order; the blocks of
+    all rounds are pooled per function. When other work slows the machine down for a while, the
+    interleaving spreads the slowdown over all functions instead of penalising one of them.
+
+    Args:
+        fns: name -> function called without arguments (bind inputs with a lambda).
+        rounds: how many rounds to interleave.
+        min_run_time: seconds of measurement per function and round.
+        num_threads: as in :func:`time_fn`.
+
+    Returns:
+        name -> :class:`Timing`, in the order of ``fns``.
+    """
+    if not isinstance(fns, Mapping) or not fns:
+        raise ValueError(f"fns must be a non-empty mapping of name -> function, got {fns!r}")
+    rounds = _positive_int("rounds", rounds)
+    min_run_time = _positive_float("min_run_time", min_run_time)
+    threads = _threads(num_threads)
+    runners = {name: _Runner(fn, (), {}, threads) for name, fn in fns.items()}
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, runner in runners.items():
+            times[name].extend(runner.measure(min_run_time))
+    return {name: _summarise(times[name], runners[name].number or 1) for name in fns}
+
+
+# --------------------------------------------------------------------------------------- memory
+
+
+def _find_device(args: Sequence[object], kwargs: Mapping[str, object]) -> torch.device:
+    """The device of the first tensor among the arguments (searching one level into lists)."""
+    for obj in (*args, *kwargs.values()):
+        items = obj if isinstance(obj, (list, tuple)) else (obj,)
+        for item in items:
+            if isinstance(item, torch.Tensor):
+                return item.device
+            if isinstance(item, torch.nn.Module):
+                for p in item.parameters():
+                    return p.device
+    return torch.device("cpu")
+
+
+# Lines that the profiler's native layer (Kineto, the CPU allocator) writes straight to file
+# descriptor 2, past Python's sys.stderr: status lines on start and stop, and a one-time notice
+# when the measured call frees a tensor that existed before the profiler started.
+_PROFILER_NOISE = re.compile(
+    r"profiler_start|profiler_stop|Completed Stage|ActivityProfiler|libkineto|Trace (?:start|duration)"
+    r"|Log file: .*libkineto|allocated before the profiling started"
+)
+
+
+@contextlib.contextmanager
+def _filter_native_stderr() -> Iterator[None]:
+    """Capture file descriptor 2, drop the profiler's own lines, re-emit everything else.
+
+    In a notebook anything written to file descriptor 2 becomes stderr output of the cell; the
+    profiler's status lines would land there. Whatever else the measured call writes (its
+    warnings) is passed on to ``sys.stderr`` unchanged.
+    """
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no usable fd 2 (embedded interpreters)
+        yield
+        return
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            text = captured.read().decode(errors="replace")
+    kept = "".join(
+        line for line in text.splitlines(keepends=True) if not _PROFILER_NOISE.search(line)
+    )
+    if kept:
+        sys.stderr.write(kept)
+
+
+def _cpu_peak_bytes(call: Callable[[], object]) -> int:
+    """Peak of the running sum of CPU allocations (minus frees) recorded during ``call()``."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    # Free unreachable cycles now, so that the collector does not free older tensors mid-call.
+    gc.collect()
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with _filter_native_stderr():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the profiler's own notices, not the measured call's
+            prof.start()
+        try:
+            result = call()
+        finally:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                prof.stop()
+    del result
+
+    # Every allocation and free through torch's CPU allocator is one event carrying its address
+    # and size (negative for a free). Replaying them in time order gives the bytes the call holds
+    # at each moment. Frees of blocks the call did not allocate (older tensors it drops) are
+    # ignored: the profiler knows the size of some of them and not of others, and counting only
+    # the call's own blocks keeps the result independent of what ran before.
+    def walk(nodes: Sequence[Any]) -> Iterator[Any]:
+        for node in nodes:
+            yield node
+            yield from walk(node.children)
+
+    tree = prof.profiler.kineto_results.experimental_event_tree()
+    events = sorted(
+        (node.start_time_ns, node.extra_fields.ptr, node.extra_fields.alloc_size)
+        for node in walk(tree)
+        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu"
+    )
+    owned: dict[int, int] = {}  # address -> size of the blocks the call holds
+    live = peak = 0
+    for _, ptr, size in events:
+        if size > 0:
+            owned[ptr] = owned.get(ptr, 0) + size
+            live += size
+            peak = max(peak, live)
+        elif ptr in owned:
+            live -= owned.pop(ptr)
+    return peak
+
+
+def peak_memory(
+    fn: Callable[..., object],
+    *args: Any,
+    device: str | torch.device | None = None,
+    warmup: bool = True,
+    **kwargs: Any,
+) -> int:
+    """Measure the peak number of bytes ``fn(*args, **kwargs)`` allocates on top of what exists.
+
+    What is counted: the blocks allocated through PyTorch's allocator during the call — its
+    intermediates and its result — as the maximum over time of the bytes the call has allocated
+    and not yet freed. Memory that existed before the call (the inputs, the model's weights) is
+    not counted; a chain of operations that frees its intermediates as it goes reports less than
+    the sum of their sizes.
+
+    * CUDA: ``torch.cuda.reset_peak_memory_stats``, then ``max_memory_allocated`` minus the bytes
+      allocated before the call. These are the caching allocator's global counters: blocks it
+      keeps cached but free are not counted, and older tensors the call frees make room.
+    * CPU: the call runs under ``torch.profiler.profile(profile_memory=True)``; the recorded
+      allocation and free events of the blocks the call allocates are replayed in time order and
+      the peak of the bytes they hold is returned (freeing older tensors does not make room here).
+      Allocations made outside torch (NumPy, a BLAS library's private buffers) are not seen.
+
+    Args:
+        fn: the function to measure; called with ``*args`` and ``**kwargs``.
+        device: ``"cpu"`` or a CUDA device; defaults to the device of the first tensor (or module)
+            among the arguments, else the CPU.
+        warmup: call ``fn`` once before measuring, so that one-time allocations (lazy
+            initialisation, cuBLAS workspaces) are not charged to the call.
+
+    Returns:
+        Peak extra bytes, an ``int`` ``>= 0``.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    dev = _find_device(args, kwargs) if device is None else torch.device(device)
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be a cpu or cuda device, got {str(dev)!r}")
+
+    def call() -> object:
+        return fn(*args, **kwargs)
+
+    if warmup:
+        call()
+    if dev.type == "cpu":
+        return _cpu_peak_bytes(call)
+    if not torch.cuda.is_available():
+        raise ValueError(f"device is {str(dev)!r} but CUDA is not available")
+    torch.cuda.synchronize(dev)
+    before = torch.cuda.memory_allocated(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    result = call()
+    torch.cuda.synchronize(dev)
+    peak = torch.cuda.max_memory_allocated(dev) - before
+    del result
+    return max(peak, 0)
+
+
+# ---------------------------------------------------------------------------------------- table
+
+
+def _format_ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"
+
+
+def _format_mib(nbytes: float) -> str:
+    return f"{nbytes / MiB:.2f} MiB"
+
+
+# The measurement columns that sweep() produces: header and formatter.
+_COLUMN_SPECS: dict[str, tuple[str, Callable[[Any], str]]] = {
+    "time_s": ("time", _format_ms),
+    "iqr_s": ("iqr", _format_ms),
+    "runs": ("runs", str),
+    "peak_bytes": ("peak", _format_mib),
+}
+
+
+class Table:
+    """Rows of measurements (a list of dicts) with a stable text and a Markdown rendering.
+
+    ``str(table)`` prints one line per row: the fixed columns (implementation, size) padded into
+    columns, then the measured ones as ``name ~value unit``. Measured cells are deliberately not
+    padded: their width changes from run to run and padding would make the printed text change
+    even after the ``~<number>`` values are normalised.
+
+    Args:
+        rows: one dict per row; every row has the same keys, in the same order.
+        columns: the column names; taken from the first row by default (needed for no rows).
+        measured: column names whose values are measurements (printed with ``~``). Defaults to
+            the measurement columns :func:`sweep` produces (``time_s``, ``iqr_s``, ``runs``,
+            ``peak_bytes``).
+    """
+
+    def __init__(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        *,
+        columns: Sequence[str] | None = None,
+        measured: Sequence[str] | None = None,
+    ):
+        rows = [dict(r) for r in rows]
+        columns = list(columns) if columns is not None else (list(rows[0]) if rows else [])
+        for i, row in enumerate(rows):
+            if list(row) != columns:
+                raise ValueError(
+                    f"rows must all have the columns {columns}, row {i} has {list(row)}"
+                )
+        self.rows: list[dict[str, Any]] = rows
+        self.columns: list[str] = columns
+        self.measured: tuple[str, ...] = tuple(
+            c for c in columns if (c in _COLUMN_SPECS if measured is None else c in measured)
+        )
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.rows)
+
+    def where(self, **equal: Any) -> Table:
+        """The rows whose columns equal the given values, e.g. ``table.where(impl="flash")``."""
+        for name in equal:
+            if name not in self.columns:
+                raise ValueError(f"unknown column {name!r}; the table has {self.columns}")
+        rows = [r for r in self.rows if all(r[k] == v for k, v in equal.items())]
+        return Table(rows, columns=self.columns, measured=self.measured)
+
+    def column(self, name: str, **equal: Any) -> list[Any]:
+        """The values of one column, optionally of the rows selected as in :meth:`where`."""
+        if name not in self.columns:
+            raise ValueError(f"unknown column {name!r}; the table has {self.columns}")
+        return [r[name] for r in self.where(**equal).rows]
+
+    def _cell(self, name: str, value: Any) -> str:
+        if value is None:
+            return "-"
+        if name in _COLUMN_SPECS:
+            text = _COLUMN_SPECS[name][1](value)
+        else:
+            text = f"{value:.4g}" if isinstance(value, float) else str(value)
+        return f"~{text}" if name in self.measured else text
+
+    @staticmethod
+    def _header(name: str) -> str:
+        return _COLUMN_SPECS[name][0] if name in _COLUMN_SPECS else name
+
+    def __str__(self) -> str:
+        fixed = [c for c in self.columns if c not in self.measured]
+        cells = [[f"{c}={self._cell(c, r[c])}" for c in fixed] for r in self.rows]
+        widths = [max(len(row[i]) for row in cells) for i in range(len(fixed))] if cells else []
+        lines = []
+        for row, cell in zip(self.rows, cells):
+            parts = [text.ljust(w) for text, w in zip(cell, widths)]
+            parts += [f"{self._header(c)} {self._cell(c, row[c])}" for c in self.measured]
+            lines.append("  ".join(parts).rstrip())
+        return "\n".join(lines)
+
+    def to_markdown(self) -> str:
+        """A Markdown table (measured cells with ``~``), e.g. for ``IPython.display.Markdown``."""
+        headers = [self._header(c) for c in self.columns]
+        lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+        for row in self.rows:
+            lines.append("| " + " | ".join(self._cell(c, row[c]) for c in self.columns) + " |")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"Table({len(self.rows)} rows, columns={self.columns})"
+
+
+def sweep(
+    fns: Mapping[str, Callable[..., object]],
+    sizes: Sequence[int],
+    make_inputs: Callable[[int], tuple | Mapping[str, Any]],
+    *,
+    size_name: str = "L",
+    time: bool = True,
+    memory: bool = True,
+    min_run_time: float = 0.1,
+    max_size: Mapping[str, int] | None = None,
+    progress: bool = False,
+) -> Table:
+    """Measure several implementations over a grid of sizes.
+
+    For each size, ``make_inputs(size)`` builds the inputs once (a tuple of positional arguments
+    or a dict of keyword arguments); every implementation is then timed with :func:`time_fn`
+    and/or measured with :func:`peak_memory` on them.
+
+    Args:
+        fns: implementation name -> function.
+        sizes: the sizes to sweep, e.g. sequence lengths.
+        make_inputs: size -> the arguments of every function in ``fns``.
+        size_name: the name of the size column (``"L"`` for a sequence length).
+        time: measure the run time (``time_s``, ``iqr_s``, ``runs`` columns).
+        memory: measure the peak memory (``peak_bytes`` column).
+        min_run_time: seconds of timing per implementation and size.
+        max_size: implementation name -> largest size to run it at (e.g. keep the naive O(L²)
+            version away from sizes that would exhaust memory); larger sizes are left out.
+        progress: print a one-line progress message (on stdout) before each measurement.
+
+    Returns:
+        A :class:`Table` with columns ``impl``, ``size_name``, then the measurements, ordered by
+        size, then by the order of ``fns``.
+    """
+    if not isinstance(fns, Mapping) or not fns:
+        raise ValueError(f"fns must be a non-empty mapping of name -> function, got {fns!r}")
+    for name, fn in fns.items():
+        if not callable(fn):
+            raise TypeError(f"fns[{name!r}] must be callable, got {type(fn).__name__}")
+    sizes = list(sizes)
+    if not sizes:
+        raise ValueError("sizes must not be empty")
+    for s in sizes:
+        _positive_int("each of sizes", s)
+    if not (time or memory):
+        raise ValueError("at least one of time and memory must be True")
+    if not isinstance(size_name, str) or size_name in ("impl", *_COLUMN_SPECS):
+        raise ValueError(
+            f"size_name must be a str other than the table's own columns, got {size_name!r}"
+        )
+    max_size = dict(max_size or {})
+    for name in max_size:
+        if name not in fns:
+            raise ValueError(f"max_size names {name!r}, which is not in fns {list(fns)}")
+
+    plan = [(s, name) for s in sizes for name in fns if s <= max_size.get(name, s)]
+    rows = []
+    for step, (size, name) in enumerate(plan, 1):
+        if progress:
+            print(f"\rsweep {step}/{len(plan)}: {name} {size_name}={size}", end="", flush=True)
+        if step == 1 or plan[step - 2][0] != size:
+            inputs = make_inputs(size)
+            if isinstance(inputs, Mapping):
+                args, kwargs = (), dict(inputs)
+            elif isinstance(inputs, tuple):
+                args, kwargs = inputs, {}
+            else:
+                raise TypeError(
+                    f"make_inputs must return a tuple of arguments or a dict of keyword arguments, "
+                    f"got {type(inputs).__name__}"
+                )
+        row: dict[str, Any] = {"impl": name, size_name: size}
+        if time:
+            t = time_fn(fns[name], *args, min_run_time=min_run_time, **kwargs)
+            row.update(time_s=t.median, iqr_s=t.iqr, runs=t.runs)
+        if memory:
+            # timing already warmed the function up
+            row["peak_bytes"] = peak_memory(fns[name], *args, warmup=not time, **kwargs)
+        rows.append(row)
+    if progress:
+        print(f"\rsweep done: {len(plan)} measurements" + " " * 20, flush=True)
+    return Table(rows)
+
+
+# ---------------------------------------------------------------------------------------- slope
+
+
+@dataclass(frozen=True)
+class LogLogFit:
+    """``y ≈ coefficient · x**slope``, fitted by least squares on ``log x``, ``log y``.
+
+    Attributes:
+        slope: the exponent (1 for linear growth, 2 for quadratic).
+        coefficient: the prefactor ``c``.
+    """
+
+    slope: float
+    coefficient: float
+
+    def __call__(self, x: float | Sequence[float]) -> float | list[float]:
+        """The fitted curve at ``x`` (a number or a sequence of numbers)."""
+        if isinstance(x, (int, float)):
+            return self.coefficient * x**self.slope
+        return [self.coefficient * xi**self.slope for xi in x]
+
+
+def _positive_values(name: str, values: object) -> list[float]:
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().tolist()
+    try:
+        out = [float(v) for v in values]  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{name} must be a sequence of numbers, got {type(values).__name__}"
+        ) from None
+    for v in out:
+        if not (v > 0 and math.isfinite(v)):
+            raise ValueError(
+                f"{name} must hold positive finite numbers for a log-log fit, got {v!r}"
+            )
+    return out
+
+
+def loglog_fit(x: Sequence[float], y: Sequence[float]) -> LogLogFit:
+    """Fit ``y ≈ c · x**slope`` by least squares on ``(log x, log y)``.
+
+    The slope is how fast ``y`` grows: doubling ``x`` multiplies ``y`` by ``2**slope``. Peak memory
+    of the naive attention has slope ≈ 2 in the sequence length, the tiled one slope ≈ 1.
+
+    Args:
+        x: positive sizes, at least two distinct values.
+        y: positive measurements, one per size.
+
+    Returns:
+        A :class:`LogLogFit` (``slope``, ``coefficient``; call it to evaluate the fitted curve).
+    """
+    xs, ys = _positive_values("x", x), _positive_values("y", y)
+    if len(xs) != len(ys):
+        raise ValueError(f"x and y must have the same length, got {len(xs)} and {len(ys)}")
+    if len(set(xs)) < 2:
+        raise ValueError(f"x must hold at least two distinct values for a fit, got {xs}")
+    lx, ly = [math.log(v) for v in xs], [math.log(v) for v in ys]
+    mx, my = statistics.fmean(lx), statistics.fmean(ly)
+    slope = sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+    return LogLogFit(slope, math.exp(my - slope * mx))
+
+
+# --------------------------------------------------------------------------------------- report
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the performance report.
+
+    Attributes:
+        name: what is compared, with the sizes.
+        value: the measured ratio.
+        target: the bound the ratio must respect.
+        at_most: ``True`` when ``value <= target`` passes, ``False`` when ``value >= target`` does.
+        detail: the measurements the ratio comes from.
+    """
+
+    name: str
+    value: float
+    target: float
+    at_most: bool
+    detail: str
+
+    @property
+    def passed(self) -> bool:
+        """Whether the target is met."""
+        return self.value <= self.target if self.at_most else self.value >= self.target
+
+    def __str__(self) -> str:
+        op = "<=" if self.at_most else ">="
+        status = "PASS" if self.passed else "FAIL"
+        return f"[{status}] {self.name}: ~{self.value:.3f} (target {op} {self.target:g}); {self.detail}"
+
+
+def _randn(shape: tuple[int, ...], device: torch.device, g: torch.Generator) -> torch.Tensor:
+    return torch.randn(shape, generator=g).to(device)  # drawn on the CPU: same numbers everywhere
+
+
+def run_report(
+    *,
+    quick: bool = False,
+    device: str | torch.device = "cpu",
+    log: Callable[[str], None] | None = None,
+) -> list[Check]:
+    """Measure the course's performance targets, each as a ratio against PyTorch in one run.
+
+    Args:
+        quick: small sizes and short timings, a smoke test of the report itself (the targets are
+            meant for the full sizes).
+        device: where to run.
+        log: called with each :class:`Check`'s text as soon as it is measured (e.g. ``print``).
+
+    Returns:
+        The :class:`Check` list: multi-head attention (``backend="sdpa"``) vs
+        ``nn.MultiheadAttention`` at two sizes; flash vs math attention (memory, time) and causal
+        vs full flash; the reference attention vs the same formula written inline.
+    """
+    from torch import nn
+
+    from .attention import scaled_dot_product_attention
+    from .flash import flash_attention
+    from .multihead import MultiHeadAttention
+
+    dev = torch.device(device)
+    g = torch.Generator().manual_seed(0)
+    run_time = 0.02 if quick else 0.3
+    rounds = 1 if quick else 3
+    checks: list[Check] = []
+
+    def add(check: Check) -> None:
+        checks.append(check)
+        if log is not None:
+            log(str(check))
+
+    def ratio_line(a: str, ta: Timing, b: str, tb: Timing) -> str:
+        return f"{a} ~{ta.ms:.3f} ms, {b} ~{tb.ms:.3f} ms"
+
+    # 1. Our module on torch's fused kernel vs torch's own module, same weights, inference.
+    mha_sizes = [(2, 32, 64, 4), (2, 64, 64, 4)] if quick else [(8, 256, 512, 8), (2, 1024, 512, 8)]
+    for B, L, E, H in mha_sizes:
+        theirs = nn.MultiheadAttention(E, H, batch_first=True).to(dev).eval()
+        ours = MultiHeadAttention.from_torch(theirs, backend="sdpa").eval()
+        x = _randn((B, L, E), dev, g)
+
+        @torch.no_grad()
+        def run_ours(ours: nn.Module = ours, x: torch.Tensor = x) -> torch.Tensor:
+            return ours(x)[0]
+
+        @torch.no_grad()
+        def run_theirs(theirs: nn.Module = theirs, x: torch.Tensor = x) -> torch.Tensor:
+            return theirs(x, x, x, need_weights=False)[0]
+
+        torch.testing.assert_close(run_ours(), run_theirs(), atol=1e-4, rtol=1e-4)  # same function
+        t = compare_times(
+            {"ours": run_ours, "torch": run_theirs}, rounds=rounds, min_run_time=run_time
+        )
+        add(
+            Check(
+                f"MultiHeadAttention(backend='sdpa') / nn.MultiheadAttention time, B={B} L={L} E={E} H={H}",
+                t["ours"].median / t["torch"].median,
+                1.0,
+                True,
+                ratio_line("ours", t["ours"], "torch", t["torch"]),
+            )
+        )
+
+    # 2. Tiled vs naive attention at a length where the (L, S) scores dominate memory.
+    B, H, L, D = (1, 2, 256, 16) if quick else (1, 8, 4096, 64)
+    q, k, v = (_randn((B, H, L, D), dev, g) for _ in range(3))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            flash_attention(q, k, v), scaled_dot_product_attention(q, k, v), atol=1e-4, rtol=1e-4
+        )
+        t = compare_times(
+            {
+                "math": lambda: scaled_dot_product_attention(q, k, v),
+                "flash": lambda: flash_attention(q, k, v),
+                "flash_causal": lambda: flash_attention(q, k, v, is_causal=True),
+            },
+            rounds=rounds,
+            min_run_time=run_time,
+        )
+        mem_math = peak_memory(scaled_dot_product_attention, q, k, v, warmup=False)
+        mem_flash = peak_memory(flash_attention, q, k, v, warmup=False)
+    size = f"B={B} H={H} L=S={L} D={D}"
+    add(
+        Check(
+            f"flash_attention / math attention peak memory, {size}",
+            mem_flash / mem_math,
+            0.05,
+            True,
+            f"flash ~{mem_flash / MiB:.1f} MiB, math ~{mem_math / MiB:.1f} MiB",
+        )
+    )
+    add(
+        Check(
+            f"flash_attention / math attention time, {size}",
+            t["flash"].median / t["math"].median,
+            1.0,
+            True,
+            ratio_line("flash", t["flash"], "math", t["math"]),
+        )
+    )
+    add(
+        Check(
+            f"flash_attention speed-up from causal tile skipping (full / causal time), {size}",
+            t["flash"].median / t["flash_causal"].median,
+            1.6,
+            False,
+            ratio_line("full", t["flash"], "causal", t["flash_causal"]),
+        )
+    )
+
+    # 3. The readable reference must not pay for features it does not use.
+    B, H, L, D = (2, 2, 64, 32) if quick else (8, 8, 256, 64)
+    q, k, v = (_randn((B, H, L, D), dev, g) for _ in range(3))
+    scale = 1.0 / math.sqrt(D)
+    with torch.no_grad():
+        t = compare_times(
+            {
+                "mha": lambda: scaled_dot_product_attention(q, k, v),
+                "inline": lambda: torch.softmax(q @ k.transpose(-2, -1) * scale, -1) @ v,
+            },
+            rounds=rounds,
+            min_run_time=run_time,
+        )
+    add(
+        Check(
+            f"mha.scaled_dot_product_attention / inline softmax(q @ k.T * scale) @ v time, B={B} H={H} L=S={L} D={D}",
+            t["mha"].median / t["inline"].median,
+            1.3,
+            True,
+            ratio_line("mha", t["mha"], "inline", t["inline"]),
+        )
+    )
+    return checks
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: print the performance report; return the exit code."""
+    parser = argparse.ArgumentParser(
+        prog="python -m mha.bench",
+        description="Measure mha against PyTorch: each line is a ratio measured in this run.",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes: a smoke test of the report"
+    )
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    parser.add_argument(
+        "--strict", action="store_true", help="exit with status 1 if a target is missed"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: torch's own choice, usually one per core)",
+    )
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        if args.threads <= 0:
+            parser.error(f"--threads must be a positive int, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    try:
+        dev = torch.device(args.device)
+    except RuntimeError:
+        parser.error(f"--device: not a device: {args.device!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: CUDA is not available on this machine")
+    if dev.type not in ("cpu", "cuda"):
+        parser.error(f"--device must be cpu or cuda, got {args.device!r}")
+
+    try:  # other work on the machine inflates timings; say how busy it was
+        load = f", load average ~{os.getloadavg()[0]:.2f}"
+    except (AttributeError, OSError):  # not available on Windows
+        load = ""
+    print(
+        f"mha.bench: torch {torch.__version__}, device {dev}, {torch.get_num_threads()} threads"
+        f"{load}{', quick sizes (smoke test)' if args.quick else ''}"
+    )
+    checks = run_report(quick=args.quick, device=dev, log=lambda line: print(line, flush=True))
+    failed = sum(not c.passed for c in checks)
+    print(f"{len(checks) - failed}/{len(checks)} targets met")
+    return 1 if args.strict and failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
