@@ -10,13 +10,25 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
   inspecting the machine, and checking your answers to the exercises.
 """
 
-from . import bench, exercises, hardware, viz
+import importlib
+
+from . import exercises
 from .attention import scaled_dot_product_attention, softmax
 from .flash import flash_attention, online_softmax_update, tile_schedule
 from .masks import causal_mask, causal_mask_bottom_right, padding_mask, sliding_window_mask
 from .multihead import KVCache, MultiHeadAttention
 
 __version__ = "0.1.0"
+
+_LAZY_SUBMODULES = ("bench", "hardware", "viz")
+
+
+def __getattr__(name: str):
+    # mha.bench, mha.hardware and mha.viz load on first use: `import mha` stays light (no
+    # matplotlib), and `python -m mha.bench` does not find its module imported already.
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "KVCache",

@@ -150,13 +150,12 @@ def flash_attention(
     l = torch.zeros((*batch, L, 1), dtype=stat_dtype, device=query.device)
     acc = torch.zeros((*batch, L, value.shape[-1]), dtype=stat_dtype, device=query.device)
 
-    query = query * scale  # scaling q once is cheaper than scaling every tile of scores
     schedule = tile_schedule(L, S, block_size=block_size, is_causal=is_causal, attn_mask=attn_mask)
     if attn_mask is not None:
         attn_mask = attn_mask.expand(*batch, L, S)  # a view (no memory) that slices like the scores
     for t in schedule:
         q = query[..., t.q0 : t.q1, :]  # (..., R, D) the rows that can see this tile
-        k = key[..., t.k0 : t.k1, :]  # (..., C, D)
+        k = key[..., t.k0 : t.k1, :] * scale  # (..., C, D): scaling a key tile is cheaper than the scores
         v = value[..., t.k0 : t.k1, :]  # (..., C, Dv)
         scores = (q @ k.transpose(-2, -1)).to(stat_dtype)  # (..., R, C)
         if is_causal and t.k1 - 1 > t.q0:
