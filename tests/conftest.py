@@ -11,9 +11,15 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Without a GPU, Triton kernels can only run in its interpreter, and Triton reads this variable
+# when it is first imported: set it before any test module can import triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def in_ci() -> bool:
