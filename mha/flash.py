@@ -22,9 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .attention import check_mask, check_qkv, check_scale_and_dropout
-
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
+from .attention import _LOW_PRECISION, check_mask, check_qkv, check_scale_and_dropout
 
 
 def online_softmax_update(

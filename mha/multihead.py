@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from .attention import check_mask, scaled_dot_product_attention
 from .flash import flash_attention
-from .masks import causal_mask_bottom_right
+from .masks import causal_mask, causal_mask_bottom_right
 
 BACKENDS = ("math", "sdpa", "flash", "triton")
 
@@ -224,7 +224,7 @@ class MultiHeadAttention(nn.Module):
             )  # (B, H, L, D), (B, H, L, S)
         elif self.backend == "sdpa":
             if is_causal and attn_mask is not None:  # torch takes one or the other, not both
-                attn_mask = self._combine(attn_mask, torch.ones(L, S, dtype=torch.bool, device=q.device).tril(), (B, H, L, S))
+                attn_mask = self._combine(attn_mask, causal_mask(L, S, device=q.device), (B, H, L, S))
                 is_causal = False
             out = F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal)  # (B, H, L, D)
         elif self.backend == "flash":
