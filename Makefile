@@ -1,7 +1,9 @@
 # Multi-Head Attention, from Intuition to GPU.
 #
 #   make book     set up .venv and build the book   -> _build/html/index.html
-#   make test     set up everything and run every test (unit, notebooks, book build, browser)
+#   make test     set up everything and run every test (unit, notebooks, Colab path, book, browser)
+#   make test-colab   run every chapter the way Colab's "Run all" does (part of make test)
+#   make test-newest  the Colab-path test on the newest Python, torch, numpy, matplotlib (downloads)
 #   make serve    serve the built book on http://localhost:8000
 #   make execute  re-execute every chapter in place (after editing a chapter or mha)
 #   make bench    print the timing report of mha.bench
@@ -15,13 +17,18 @@ PORT   ?= 8000
 
 CHAPTERS := $(sort $(wildcard chapters/[0-9]*.ipynb))
 JB_BUILD := $(BIN)/jupyter-book build . -W -n --keep-going --all
+COLAB_TEST := tests/test_colab_run.py
+NEWEST   := .venv-newest
+# What the Colab-path test needs besides mha's own dependencies (torch, numpy, matplotlib).
+NEWEST_PACKAGES := torch numpy matplotlib triton setuptools ipykernel nbclient nbformat pytest pyyaml
 NBVAL    := $(BIN)/pytest -p no:cacheprovider --nbval --nbval-current-env \
             --nbval-sanitize-with tests/sanitize.cfg
 
-.PHONY: help venv book test test-unit test-notebooks test-browser mathjax serve execute bench clean
+.PHONY: help venv book test test-unit test-notebooks test-colab test-newest test-browser mathjax \
+        serve execute bench clean
 
 help:
-	@sed -n '3,9p' Makefile
+	@sed -n '3,11p' Makefile
 
 # The virtual environment is (re)installed whenever requirements.txt or pyproject.toml changes.
 $(STAMP): requirements.txt pyproject.toml
@@ -51,14 +58,32 @@ book: $(STAMP)
 test: $(STAMP) mathjax
 	$(MAKE) --no-print-directory test-unit
 	$(MAKE) --no-print-directory test-notebooks
+	$(MAKE) --no-print-directory test-colab
 	$(MAKE) --no-print-directory book
 	$(MAKE) --no-print-directory test-browser
 
 test-unit: $(STAMP)
-	$(BIN)/pytest -m "not browser" tests
+	$(BIN)/pytest -m "not browser" --ignore=$(COLAB_TEST) tests
 
 test-notebooks: $(STAMP)
 	$(NBVAL) chapters
+
+# Colab's "Run all": a fresh kernel per chapter that imports a fake google.colab, so the setup
+# cell %pip-installs mha from a git repository (a commit of this working tree), no cell tags
+# honoured, stopping at the first error. Offline; never touches .venv.
+test-colab: $(STAMP)
+	$(BIN)/pytest -v -p no:cacheprovider --durations=0 $(COLAB_TEST)
+
+# The same test on the newest releases pip resolves today (and the newest Python here): builds
+# $(NEWEST) (downloads torch, several GB) and upgrades it on every run; delete it to move to a
+# newer Python. Not part of make test or CI.
+test-newest:
+	test -x $(NEWEST)/bin/python || "$$(tools/newest_python.sh)" -m venv $(NEWEST)
+	$(NEWEST)/bin/python -m pip install --disable-pip-version-check --upgrade pip
+	$(NEWEST)/bin/python -m pip install --disable-pip-version-check --upgrade \
+		--upgrade-strategy eager $(NEWEST_PACKAGES)
+	$(NEWEST)/bin/python tools/versions.py
+	$(NEWEST)/bin/pytest -v -p no:cacheprovider --durations=0 $(COLAB_TEST)
 
 test-browser: $(STAMP)
 	$(BIN)/pytest -m browser tests/test_browser.py

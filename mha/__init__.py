@@ -12,15 +12,15 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
 
 import importlib
 
-from . import exercises
 from .attention import scaled_dot_product_attention, softmax
+from .demo import expect_error
 from .flash import flash_attention, online_softmax_update, tile_schedule
 from .masks import causal_mask, causal_mask_bottom_right, padding_mask, sliding_window_mask
 from .multihead import KVCache, MultiHeadAttention
 
 __version__ = "0.1.0"
 
-_LAZY_SUBMODULES = ("bench", "hardware", "viz")
+_LAZY_SUBMODULES = ("bench", "exercises", "hardware", "viz")
 
 
 def __getattr__(name: str):
@@ -37,6 +37,7 @@ __all__ = [
     "causal_mask",
     "causal_mask_bottom_right",
     "exercises",
+    "expect_error",
     "flash_attention",
     "hardware",
     "online_softmax_update",

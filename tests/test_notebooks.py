@@ -195,21 +195,22 @@ def test_executed_top_to_bottom_in_a_fresh_kernel(notebook):
             )
 
 
-def test_no_unexpected_errors_and_no_stderr(notebook):
+def test_no_errors_and_no_stderr(notebook):
+    """Colab's and Jupyter's "Run all" honour no tags and stop at the first error, so no cell may
+    raise, not even on purpose: a deliberate error is shown with `with mha.expect_error(...)`."""
     path, nb = notebook
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
+        assert "raises-exception" not in tags(cell), (
+            f"{path.name}, cell {i}: tagged raises-exception; Colab ignores tags and stops there. "
+            f"Show the error with `with mha.expect_error(TheError): ...` instead"
+        )
         errors = [o for o in cell.outputs if o.output_type == "error"]
-        if "raises-exception" in tags(cell):
-            assert len(errors) == 1, (
-                f"{path.name}, cell {i}: tagged raises-exception but raised {len(errors)} errors"
-            )
-        else:
-            assert not errors, (
-                f"{path.name}, cell {i}: unexpected {errors[0].ename}: {errors[0].evalue} "
-                f"(tag the cell raises-exception if the error is deliberate)"
-            )
+        assert not errors, (
+            f"{path.name}, cell {i}: {errors[0].ename}: {errors[0].evalue} "
+            f"(show a deliberate error with `with mha.expect_error({errors[0].ename}): ...`)"
+        )
         stderr = [o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stderr"]
         assert not stderr, (
             f"{path.name}, cell {i}: writes to stderr (silence it at the source): {stderr[0][:300]!r}"
@@ -240,8 +241,8 @@ def test_outputs_show_no_paths_of_this_machine(notebook):
                 ]
                 assert not hits, (
                     f"{path.name}, cell {i}: an output shows a path of the machine that ran it ({hits}); "
-                    f"print relative paths, and in raises-exception cells use `%xmode Minimal` or catch and "
-                    f"print the exception. Output: {text[:300]!r}"
+                    f"print relative paths, and show deliberate errors with `mha.expect_error`. "
+                    f"Output: {text[:300]!r}"
                 )
 
 
@@ -296,3 +297,86 @@ def test_exercises_have_executed_auto_checked_solutions(notebook):
                 o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stdout"
             )
             assert printed.strip(), f"{path.name}: the solution of {label} shows no checker message"
+
+
+# --- read where readers run it: Colab and Jupyter ---------------------------------------------
+
+TITLE_RE = re.compile(r"^#\s*@title\s+\S")
+BACKTICK_EXERCISE_RE = re.compile(r"^[ \t]*`{3,}\{(?:exercise|solution)[\w-]*\}", re.MULTILINE)
+FOLD_HINT = "run `python tools/fold_solutions.py` on it (`make execute` does)"
+
+
+def solution_ranges(nb) -> list[tuple[int, int]]:
+    """(start, end) indices of the {solution-start} and {solution-end} cells of each solution."""
+    ranges, start = [], None
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "markdown":
+            continue
+        if start is None and SOLUTION_START_RE.search(cell.source):
+            start = i
+        elif start is not None and SOLUTION_END_RE.search(cell.source):
+            ranges.append((start, i))
+            start = None
+    return ranges
+
+
+def source_hidden(cell) -> bool:
+    return cell.get("metadata", {}).get("jupyter", {}).get("source_hidden") is True
+
+
+def test_solutions_are_folded_in_colab_and_jupyterlab(notebook):
+    """The book folds a solution into a dropdown; Colab and JupyterLab must fold it too."""
+    path, nb = notebook
+    ranges = solution_ranges(nb)
+    assert ranges, f"{path.name}: no solutions found"
+    inside = set()
+    for start, end in ranges:
+        for marker in (start, end):
+            # The markers stay visible; anything else in their cell would not be folded.
+            rest = re.sub(
+                r"^:{3,}\{solution-(?:start|end)\}.*?^:{3,}[ \t]*$",
+                "",
+                nb.cells[marker].source,
+                flags=re.MULTILINE | re.DOTALL,
+            ).strip()
+            assert not rest, (
+                f"{path.name}, cell {marker}: text next to a solution marker is never folded; "
+                f"give the marker a cell of its own (a :::-fenced directive alone). Text: {rest[:200]!r}"
+            )
+        body = range(start + 1, end)
+        inside.update(body)
+        for i in body:
+            cell = nb.cells[i]
+            assert source_hidden(cell), (
+                f"{path.name}, cell {i} (a solution): needs metadata jupyter.source_hidden: true "
+                f"to be folded in JupyterLab; {FOLD_HINT}"
+            )
+            if cell.cell_type == "code":
+                assert cell.metadata.get("cellView") == "form", (
+                    f"{path.name}, cell {i} (a solution): needs metadata cellView: form to be "
+                    f"folded in Colab; {FOLD_HINT}"
+                )
+                assert TITLE_RE.match(cell.source), (
+                    f"{path.name}, cell {i} (a solution): must start with a `# @title Solution` "
+                    f"line, the title Colab shows for the folded cell; {FOLD_HINT}"
+                )
+    for i, cell in enumerate(nb.cells):
+        if i not in inside:
+            folded = source_hidden(cell) or cell.get("metadata", {}).get("cellView") == "form"
+            assert not folded, (
+                f"{path.name}, cell {i}: folded in Colab/JupyterLab but not part of a solution"
+            )
+
+
+def test_exercises_read_as_text_in_a_notebook(notebook):
+    """Colab and Jupyter show a MyST directive as raw text. Fenced with backticks, an exercise
+    becomes a code block there: no title, no math, long lines cut off. Fenced with colons it stays
+    markdown, readable with its math."""
+    path, nb = notebook
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            match = BACKTICK_EXERCISE_RE.search(cell.source)
+            assert not match, (
+                f"{path.name}, cell {i}: {match.group(0).strip()!r} is fenced with backticks; "
+                f"use a colon fence (:::{{exercise}} ... :::) so that notebooks show it as text"
+            )

@@ -3,12 +3,13 @@
 Usage: python tools/execute_notebook.py chapters/01_queries_keys_values.ipynb [...]
 
 Runs each notebook in a fresh kernel with its directory as the working directory, keeps cells
-tagged ``skip-execution`` unexecuted, lets cells tagged ``raises-exception`` fail, and strips
-the per-cell metadata (timings, widgets state) that nbval does not need.
+tagged ``skip-execution`` unexecuted, stops at the first error (a deliberate error is shown with
+``mha.expect_error``, never by a cell that raises: Colab's "Run all" honours no tags), folds the
+exercise solutions for Colab and JupyterLab (tools/fold_solutions.py), and strips the per-cell
+metadata (timings, widgets state) that nbval does not need.
 
-Tracebacks are stored in IPython's ``Minimal`` mode ("ValueError: message"): the message is what a
-deliberate-error cell shows the reader, and a full traceback would print file paths of the machine
-that ran it. (nbval compares the exception name and message, not the traceback.)
+Tracebacks are stored in IPython's ``Minimal`` mode ("ValueError: message"), so that an error
+never prints file paths of the machine that ran it.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ import time
 from pathlib import Path
 
 import nbformat
+from fold_solutions import fold
 from nbclient import NotebookClient
 
-KEEP_CELL_METADATA = {"tags"}
+# tags: nbval, myst-nb and nbclient read them; cellView (Colab) and jupyter.source_hidden
+# (JupyterLab) fold the solutions.
+KEEP_CELL_METADATA = {"tags", "cellView", "jupyter"}
 
 
 def clean(nb: nbformat.NotebookNode) -> None:
@@ -42,6 +46,7 @@ def clean(nb: nbformat.NotebookNode) -> None:
 
 def execute(path: Path, timeout: int = 600) -> float:
     nb = nbformat.read(path, as_version=4)
+    fold(nb)  # before running: the stored source is the source that ran
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs = []

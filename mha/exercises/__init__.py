@@ -1,23 +1,21 @@
 """Auto-checkers for the course's exercises.
 
-Every ``check_*`` function takes the learner's function, runs it on fixed inputs against a
-reference built on PyTorch's own operators, prints one line on success and raises
-``AssertionError`` with a targeted hint on failure. The checkers live in one module per chapter
-(``mha.exercises.ch01`` ...) and are all re-exported here, so a notebook can call
-``mha.exercises.check_softmax(my_softmax)``.
+Every exercise is data (:class:`Exercise` in ``_harness.py``): a reference built on PyTorch's own
+operators, input cases, tolerances, and its known mistakes with their hints. Each ``check_*``
+prints one line on success, says "not attempted yet" while the answer is still the notebook's stub,
+and raises :class:`ExerciseError` (an ``AssertionError``) with a targeted hint on a wrong answer.
+The checkers live in one module per chapter (``mha.exercises.ch01`` ...) and are re-exported here.
 """
 
-import importlib
-import pkgutil
+from . import ch01, ch02, ch03, ch04, ch05, ch06
+from ._harness import Exercise, ExerciseError
 
-from ._check import ExerciseError, check_close, passed
-
-__all__ = ["ExerciseError", "check_close", "passed"]
-
-for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-    if _info.name.startswith("ch"):
-        _module = importlib.import_module(f"{__name__}.{_info.name}")
-        for _name in dir(_module):
-            if _name.startswith("check_"):
-                globals()[_name] = getattr(_module, _name)
-                __all__.append(_name)
+#: Every exercise of the course, in chapter order.
+EXERCISES: tuple[Exercise, ...] = ()
+__all__ = ["EXERCISES", "Exercise", "ExerciseError"]
+for _module in (ch01, ch02, ch03, ch04, ch05, ch06):
+    EXERCISES += _module.EXERCISES
+    for _ex in _module.EXERCISES:
+        globals()[_ex.name] = getattr(_module, _ex.name)
+        __all__.append(_ex.name)
+del _module, _ex

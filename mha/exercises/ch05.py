@@ -1,285 +1,181 @@
-"""Checkers for chapter 5, attention on a GPU.
+"""Exercises of chapter 5, attention on a GPU, as data for :mod:`._harness`.
 
-* :func:`check_online_softmax_update` — one tile of FlashAttention's online softmax, the running
-  ``(m, l, acc)`` state compared after every tile with the exact softmax of all scores seen so far
-  (``torch.softmax``), and with the usual slips recognised (no rescaling of ``acc`` or ``l``,
-  normalising ``acc`` too early, NaN on rows whose keys are all hidden).
-* :func:`check_kv_cache_step` — one decoding step with a key/value cache, run token by token and
-  chunk by chunk against one causal pass of ``F.scaled_dot_product_attention`` over the whole
-  sequence (not appending, attending to the new tokens only, top-left causal alignment).
-* :func:`check_sdpa_backend_prediction` — which kernel ``F.scaled_dot_product_attention`` picks on
-  the CPU for a handful of inputs, checked by running them (:func:`mha.hardware.sdpa_backends`).
+References: the online-softmax state by its definition, one causal SDPA pass for decoding with a
+cache, the kernel torch really picks (:mod:`mha.hardware`); mistakes: no rescaling, ``acc``
+normalised too early, NaN on hidden rows, no append, the wrong causal alignment.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from functools import cache, partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._check import ExerciseError, passed
+from ..hardware import sdpa_backends
+from ._harness import Case, Exercise, ExerciseError, Mistake
 
-__all__ = [
-    "SDPA_CASES",
-    "check_kv_cache_step",
-    "check_online_softmax_update",
-    "check_sdpa_backend_prediction",
-    "sdpa_case_inputs",
-]
-
-
-def _call(fn: Callable[..., object], what: str, *args: object) -> object:
-    """Call the learner's function; a crash becomes an ``ExerciseError`` quoting it."""
-    try:
-        return fn(*args)
-    except ExerciseError:
-        raise
-    except Exception as err:  # the learner's bug, reported with what was being called
-        raise ExerciseError(f"{what} raised {type(err).__name__}: {err}") from err
-
-
-def _close(actual: object, expected: Tensor, atol: float = 1e-5, rtol: float = 1e-4) -> bool:
-    """True if ``actual`` is a tensor of ``expected``'s shape with equal values (inf == inf)."""
-    if not isinstance(actual, Tensor) or actual.shape != expected.shape:
-        return False
-    return bool(torch.allclose(actual.detach().to(expected.dtype), expected, atol=atol, rtol=rtol))
-
-
-def _describe(actual: object, expected: Tensor) -> str:
-    if not isinstance(actual, Tensor):
-        return f"got {type(actual).__name__}, expected a tensor of shape {tuple(expected.shape)}"
-    if actual.shape != expected.shape:
-        return f"got shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
-    diff = (actual.detach().to(expected.dtype) - expected).abs()
-    diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
-    return f"largest difference {diff.max().item():.3g}"
-
-
-# ----------------------------------------------------------------------------------------------
-# The online-softmax update
-# ----------------------------------------------------------------------------------------------
-
-_HINT_M = (
-    "m is the running maximum: m_new = torch.maximum(m, scores.amax(-1, keepdim=True)) — the "
-    "larger of the old maximum and this tile's row maximum."
-)
-_HINT_L_RESCALE = (
-    "l was measured relative to the old maximum. When the maximum grows, shrink it first: "
-    "l_new = exp(m - m_new) * l + exp(scores - m_new).sum(-1, keepdim=True)."
-)
 _HINT_ACC_RESCALE = (
     "acc was accumulated relative to the old maximum: rescale it by exp(m - m_new) before adding "
     "this tile, acc_new = exp(m - m_new) * acc + exp(scores - m_new) @ value. Without it, tiles "
     "seen before the maximum grew get weights that are too large."
 )
-_HINT_ACC_NORMALISED = (
-    "acc is the *unnormalised* numerator sum(exp(score - m) * value); divide by l only once, "
-    "after the last tile (out = acc / l)."
+_HINT_L_RESCALE = (
+    "l was measured relative to the old maximum. When the maximum grows, shrink it first: "
+    "l_new = exp(m - m_new) * l + exp(scores - m_new).sum(-1, keepdim=True)."
 )
-_HINT_NAN = (
-    "A row whose keys so far were all hidden has m = -inf, and exp(-inf - (-inf)) is NaN. Where "
-    "m_new is -inf, subtract 0 instead of m_new (torch.where(torch.isneginf(m_new), 0, m_new)): "
-    "then every exp is exactly 0 and the row stays m = -inf, l = 0, acc = 0."
+_HINT_M = (
+    "m is the running maximum: m_new = torch.maximum(m, scores.amax(-1, keepdim=True)) — the "
+    "larger of the old maximum and this tile's row maximum."
 )
 
 
-def _reference_state(scores: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The exact ``(m, l, acc)`` after all keys in ``scores``/``value``, from the definitions."""
+def _update(m: Tensor, l: Tensor, acc: Tensor, scores: Tensor, value: Tensor, *,
+            guard: bool = True, running_max: bool = True, rescale_l: bool = True,
+            rescale_acc: bool = True, normalised: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """One online-softmax update: right with the defaults, or with one of the usual slips."""
+    tile_max = scores.amax(-1, keepdim=True)  # (..., R, 1)
+    m_new = torch.maximum(m, tile_max)
+    # A row that has seen only hidden keys keeps m = -inf: shift by 0 there, or exp gives NaN.
+    shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new) if guard else m_new
+    p = torch.exp(scores - shift)  # (..., R, C) this tile's unnormalised weights
+    alpha = torch.exp(m - shift)  # (..., R, 1) how much the old state shrinks
+    l_new = (alpha if rescale_l else 1.0) * l + p.sum(-1, keepdim=True)  # (..., R, 1)
+    acc_new = (alpha if rescale_acc else 1.0) * acc + p @ value  # (..., R, Dv)
+    if normalised:  # FlashAttention-1's normalised output, kept in the slot of acc
+        acc_new = acc_new / l_new.clamp_min(1e-30)
+    return (m_new if running_max else tile_max), l_new, acc_new
+
+
+def _state(scores: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The exact ``(m, l, acc)`` after all the keys of ``scores``/``value``, by definition."""
     m = scores.amax(-1, keepdim=True)  # (..., R, 1)
-    shift = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
-    p = torch.exp(scores - shift)  # (..., R, S) exactly 0 for hidden keys
+    p = torch.exp(scores - torch.where(torch.isneginf(m), torch.zeros_like(m), m))  # (..., R, S)
     return m, p.sum(-1, keepdim=True), p @ value
 
 
-def _wrong_states(
-    m: Tensor, l: Tensor, acc: Tensor, scores: Tensor, value: Tensor
-) -> dict[str, tuple[Tensor, Tensor, Tensor]]:
-    """What the typical wrong updates return, from the same (correct) previous state."""
-    m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
-    p = torch.exp(scores - m_new)
-    alpha = torch.exp(m - m_new)
-    l_ok = alpha * l + p.sum(-1, keepdim=True)
-    return {
-        "acc": (m_new, l_ok, acc + p @ value),
-        "l": (m_new, l + p.sum(-1, keepdim=True), alpha * acc + p @ value),
-    }
-
-
-def check_online_softmax_update(update: Callable[..., tuple[Tensor, Tensor, Tensor]]) -> None:
-    """Check ``update(m, l, acc, scores, value) -> (m, l, acc)``, one tile of online softmax.
-
-    Shapes (as in :func:`mha.online_softmax_update`): ``m, l (..., R, 1)``, ``acc (..., R, Dv)``,
-    ``scores (..., R, C)`` (already scaled and masked, ``-inf`` = hidden), ``value (..., C, Dv)``.
-    The state starts at ``m = -inf, l = 0, acc = 0``; after every tile it must equal the exact
-    maximum, denominator and numerator of all scores seen so far, and ``acc / l`` after the last
-    tile must equal ``torch.softmax(all scores) @ all values``.
-    """
-    name = "check_online_softmax_update"
+def _online_cases() -> list[Case]:
     g = torch.Generator().manual_seed(5)
     batch, R, C, Dv, n_tiles = 2, 6, 4, 3, 3
     # Later tiles hold larger scores, so the running maximum grows and rescaling matters.
     tiles = [torch.randn(batch, R, C, generator=g) * 2 + 2.5 * t for t in range(n_tiles)]
     values = [torch.randn(batch, C, Dv, generator=g) for _ in range(n_tiles)]
-
     # Second run: row 0 sees only hidden keys in the first tile, row 1 half of them hidden.
-    masked_tiles = [t.clone() for t in tiles]
-    masked_tiles[0][:, 0, :] = float("-inf")
-    masked_tiles[0][:, 1, : C // 2] = float("-inf")
-
-    for run, run_tiles in (("", tiles), (" (first tile hides every key of row 0)", masked_tiles)):
-        m = torch.full((batch, R, 1), float("-inf"))
-        l = torch.zeros(batch, R, 1)
-        acc = torch.zeros(batch, R, Dv)
-        for i, (scores, value) in enumerate(zip(run_tiles, values)):
-            what = f"update(...) on tile {i}{run}"
-            result = _call(
-                update, what, m.clone(), l.clone(), acc.clone(), scores.clone(), value.clone()
-            )
-            if not isinstance(result, tuple) or len(result) != 3:
-                raise ExerciseError(
-                    f"{what} should return a tuple (m, l, acc), got {type(result).__name__}."
-                )
-            m_new, l_new, acc_new = result
-            m_ref, l_ref, acc_ref = _reference_state(
-                torch.cat(run_tiles[: i + 1], -1), torch.cat(values[: i + 1], -2)
-            )
-            for got, ref in ((m_new, m_ref), (l_new, l_ref), (acc_new, acc_ref)):
-                if isinstance(got, Tensor) and torch.isnan(got).any():
-                    raise ExerciseError(f"{what} returned NaN. {_HINT_NAN}")
-            if not _close(m_new, m_ref):
-                raise ExerciseError(f"{what}: m is wrong ({_describe(m_new, m_ref)}). {_HINT_M}")
-            wrong = _wrong_states(m, l, acc, scores, value) if i > 0 else {}
-            if not _close(l_new, l_ref):
-                hint = (
-                    _HINT_L_RESCALE
-                    if "l" in wrong and _close(l_new, wrong["l"][1])
-                    else (
-                        "l is the running denominator sum(exp(score - m)) over every key seen so far, "
-                        "relative to the current maximum m_new. " + _HINT_L_RESCALE
-                    )
-                )
-                raise ExerciseError(f"{what}: l is wrong ({_describe(l_new, l_ref)}). {hint}")
-            if not _close(acc_new, acc_ref):
-                if "acc" in wrong and _close(acc_new, wrong["acc"][2]):
-                    hint = _HINT_ACC_RESCALE
-                elif _close(acc_new, acc_ref / l_ref.clamp_min(1e-30)):
-                    hint = _HINT_ACC_NORMALISED
-                else:
-                    hint = (
-                        "acc_new = exp(m - m_new) * acc + exp(scores - m_new) @ value. "
-                        + _HINT_ACC_RESCALE
-                    )
-                raise ExerciseError(f"{what}: acc is wrong ({_describe(acc_new, acc_ref)}). {hint}")
-            m, l, acc = m_new.detach(), l_new.detach(), acc_new.detach()
-
-        out = acc / l
-        expected = torch.softmax(torch.cat(run_tiles, -1), dim=-1) @ torch.cat(values, -2)
-        if not _close(out, expected):
-            raise ExerciseError(
-                f"acc / l after the last tile{run} differs from softmax(scores) @ value "
-                f"({_describe(out, expected)}). {_HINT_ACC_RESCALE}"
-            )
-    passed(
-        name,
-        f"{n_tiles} tiles, the state matches softmax(scores) @ value after every tile, hidden rows included",
-    )
+    masked = [t.clone() for t in tiles]
+    masked[0][:, 0, :] = float("-inf")
+    masked[0][:, 1, : C // 2] = float("-inf")
+    cases = []
+    for run, run_tiles in (("", tiles), (" (first tile hides every key of row 0)", masked)):
+        state = (torch.full((batch, R, 1), float("-inf")), torch.zeros(batch, R, 1),
+                 torch.zeros(batch, R, Dv))
+        for i in range(n_tiles):
+            seen = _state(torch.cat(run_tiles[: i + 1], -1), torch.cat(values[: i + 1], -2))
+            args = (*state, run_tiles[i], values[i])
+            cases.append(Case(f"update(...) on tile {i}{run}", args, expected=seen))
+            state = seen
+    return cases
 
 
-# ----------------------------------------------------------------------------------------------
-# One decoding step with a key/value cache
-# ----------------------------------------------------------------------------------------------
-
-_HINT_APPEND = (
-    "Append this step's keys and values to the cache along the sequence axis "
-    "(torch.cat([k_cache, k_new], dim=-2), the same for v) and return the grown cache: the next "
-    "step must see every token so far."
+ONLINE_SOFTMAX_UPDATE = Exercise(
+    "check_online_softmax_update",
+    "3 tiles, the state matches softmax(scores) @ value after every tile, hidden rows included",
+    _update,
+    _online_cases,
+    (
+        Mistake(partial(_update, rescale_acc=False), _HINT_ACC_RESCALE),
+        Mistake(partial(_update, rescale_l=False), _HINT_L_RESCALE),
+        Mistake(partial(_update, normalised=True),
+                "acc is the *unnormalised* numerator sum(exp(score - m) * value); divide by l only "
+                "once, after the last tile (out = acc / l)."),
+        Mistake(partial(_update, guard=False),
+                "A row whose keys so far were all hidden has m = -inf, and exp(-inf - (-inf)) is "
+                "NaN. Where m_new is -inf, subtract 0 instead of m_new (torch.where("
+                "torch.isneginf(m_new), 0, m_new)): then every exp is exactly 0 and the row stays "
+                "m = -inf, l = 0, acc = 0."),
+        Mistake(partial(_update, running_max=False), _HINT_M),
+    ),
+    hint={
+        "m": _HINT_M,
+        "l": "l is the running denominator sum(exp(score - m)) over every key seen so far, "
+        "relative to the current maximum m_new. " + _HINT_L_RESCALE,
+        "acc": "acc_new = exp(m - m_new) * acc + exp(scores - m_new) @ value. " + _HINT_ACC_RESCALE,
+    },
+    outputs=("m", "l", "acc"),
+    params=("update",),
+    doc="Check ``update(m, l, acc, scores, value) -> (m, l, acc)``, one tile of online softmax "
+    "(shapes as in :func:`mha.online_softmax_update`): after every tile, the exact state of all "
+    "the scores seen so far.",
 )
-_HINT_ONLY_NEW = (
-    "The queries attended only to this step's tokens. Attend over the whole cache (the old "
-    "tokens and the new ones), after appending."
-)
+
 _HINT_TOP_LEFT = (
     "is_causal=True in PyTorch is aligned top-left: query 0 sees key 0 only. With a cache the T "
     "new queries are the *last* T positions of the S keys, so query i may see keys 0..S-T+i: use "
     "the bottom-right mask torch.ones(T, S, dtype=torch.bool).tril(S - T) as attn_mask."
 )
-_HINT_NO_MASK = (
-    "With several new tokens in one step (a prompt chunk), each new query must not see the new "
-    "tokens after it: pass the bottom-right causal mask torch.ones(T, S, dtype=torch.bool).tril(S - T)."
-)
 
 
-def check_kv_cache_step(step: Callable[..., tuple[Tensor, Tensor, Tensor]]) -> None:
-    """Check ``step(q, k_new, v_new, k_cache, v_cache) -> (out, k_cache, v_cache)``.
+def _step(q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor, *,
+          mask: str = "bottom-right", keys: str = "all", append: bool = True):
+    """One decoding step: right with the defaults, or with one of the usual slips."""
+    k = torch.cat([k_cache, k_new], dim=-2)  # (B, H, S, D)
+    v = torch.cat([v_cache, v_new], dim=-2)  # (B, H, S, D)
+    k_seen, v_seen = (k, v) if keys == "all" else (k_new, v_new)
+    T, S = q.shape[-2], k_seen.shape[-2]
+    ones = torch.ones(T, S, dtype=torch.bool)  # (T, S)
+    attn_mask = {"bottom-right": ones.tril(S - T), "top-left": ones.tril(), "none": None}[mask]
+    out = F.scaled_dot_product_attention(q, k_seen, v_seen, attn_mask=attn_mask)  # (B, H, T, D)
+    return (out, k, v) if append else (out, k_cache, v_cache)
 
-    Shapes: ``q, k_new, v_new (B, H, T, D)`` for the ``T`` new tokens; ``k_cache, v_cache
-    (B, H, S_old, D)`` (``S_old`` may be 0); the returned caches are ``(B, H, S_old + T, D)`` and
-    ``out (B, H, T, D)``. A sequence is decoded as a prompt of 4 tokens, 3 single tokens and a
-    chunk of 2; every output row must equal the same row of one causal
-    ``F.scaled_dot_product_attention`` pass over the whole sequence.
-    """
-    name = "check_kv_cache_step"
+
+def _kv_cases() -> list[Case]:
+    """A prompt of 4 tokens, 3 single tokens and a chunk of 2, against one causal pass."""
     g = torch.Generator().manual_seed(7)
     B, H, D = 2, 2, 8
-    chunks = [4, 1, 1, 1, 2]
-    N = sum(chunks)
-    q, k, v = (torch.randn(B, H, N, D, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(B, H, 9, D, generator=g) for _ in range(3))
     full = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, N, D)
-
-    k_cache = torch.empty(B, H, 0, D)
-    v_cache = torch.empty(B, H, 0, D)
-    start = 0
-    for T in chunks:
-        stop = start + T
-        new = slice(start, stop)
-        what = f"step(...) for tokens {start}..{stop - 1} with {start} cached"
-        result = _call(
-            step, what, q[:, :, new], k[:, :, new], v[:, :, new], k_cache.clone(), v_cache.clone()
-        )
-        if not isinstance(result, tuple) or len(result) != 3:
-            raise ExerciseError(
-                f"{what} should return a tuple (out, k_cache, v_cache), got {type(result).__name__}."
-            )
-        out, k_next, v_next = result
-        for label, got, ref in (
-            ("k_cache", k_next, k[:, :, :stop]),
-            ("v_cache", v_next, v[:, :, :stop]),
-        ):
-            if not _close(got, ref):
-                raise ExerciseError(
-                    f"{what}: the returned {label} should hold the {stop} tokens so far, "
-                    f"{_describe(got, ref)}. {_HINT_APPEND}"
-                )
-        expected = full[:, :, new]
-        if not _close(out, expected):
-            qn, kn, vn = q[:, :, new], k[:, :, new], v[:, :, new]
-            S = stop
-            only_new = F.scaled_dot_product_attention(qn, kn, vn, is_causal=True)
-            only_new_full = F.scaled_dot_product_attention(qn, kn, vn)
-            top_left = F.scaled_dot_product_attention(qn, k[:, :, :S], v[:, :, :S], is_causal=True)
-            no_mask = F.scaled_dot_product_attention(qn, k[:, :, :S], v[:, :, :S])
-            if start > 0 and (_close(out, only_new) or _close(out, only_new_full)):
-                hint = _HINT_ONLY_NEW
-            elif start > 0 and _close(out, top_left):
-                hint = _HINT_TOP_LEFT
-            elif T > 1 and _close(out, no_mask):
-                hint = _HINT_NO_MASK
-            else:
-                hint = (
-                    "After appending, attend from the new queries to the whole cache with a "
-                    "bottom-right causal mask. " + _HINT_TOP_LEFT
-                )
-            raise ExerciseError(f"{what}: out is wrong ({_describe(out, expected)}). {hint}")
-        k_cache, v_cache = k_next.detach(), v_next.detach()
+    cases, start = [], 0
+    for stop in (4, 5, 6, 7, 9):
+        new, old = slice(start, stop), slice(0, start)
+        args = (q[:, :, new], k[:, :, new], v[:, :, new], k[:, :, old], v[:, :, old])
+        expected = (full[:, :, new], k[:, :, :stop], v[:, :, :stop])
+        label = f"step(...) for tokens {start}..{stop - 1} with {start} cached"
+        cases.append(Case(label, args, expected=expected))
         start = stop
-    passed(name, f"{N} tokens decoded in steps of {chunks} equal one causal pass over the sequence")
+    return cases
 
 
-# ----------------------------------------------------------------------------------------------
-# Predict which SDPA kernel runs on the CPU
-# ----------------------------------------------------------------------------------------------
+KV_CACHE_STEP = Exercise(
+    "check_kv_cache_step",
+    "9 tokens decoded in steps of [4, 1, 1, 1, 2] equal one causal pass over the sequence",
+    _step,
+    _kv_cases,
+    (
+        Mistake(partial(_step, append=False),
+                "Append this step's keys and values to the cache along the sequence axis "
+                "(torch.cat([k_cache, k_new], dim=-2), the same for v) and return the grown "
+                "cache: the next step must see every token so far."),
+        Mistake(partial(_step, keys="new", mask="top-left"),
+                "The queries attended only to this step's tokens. Attend over the whole cache "
+                "(the old tokens and the new ones), after appending."),
+        Mistake(partial(_step, mask="top-left"), _HINT_TOP_LEFT),
+        Mistake(partial(_step, mask="none"),
+                "With several new tokens in one step (a prompt chunk), each new query must not "
+                "see the new tokens after it: pass the bottom-right causal mask "
+                "torch.ones(T, S, dtype=torch.bool).tril(S - T)."),
+    ),
+    hint={
+        "out": "After appending, attend from the new queries to the whole cache with a "
+        "bottom-right causal mask. " + _HINT_TOP_LEFT,
+        **dict.fromkeys(("k_cache", "v_cache"), "The returned caches hold every token so far: "
+                        "torch.cat([cache, new], dim=-2)."),
+    },
+    outputs=("out", "k_cache", "v_cache"),
+    params=("step",),
+    doc="Check ``step(q, k_new, v_new, k_cache, v_cache) -> (out, k_cache, v_cache)`` (B, H, T, "
+    "D) against one causal SDPA pass: a prompt of 4 tokens, 3 single tokens, a chunk of 2.",
+)
 
 #: The inputs of the prediction exercise: name -> what is special about them.
 SDPA_CASES: dict[str, str] = {
@@ -306,11 +202,7 @@ def sdpa_case_inputs(name: str) -> tuple[tuple[Tensor, ...], dict[str, object]]:
     if name not in SDPA_CASES:
         raise ValueError(f"name must be one of {list(SDPA_CASES)}, got {name!r}")
     g = torch.Generator().manual_seed(0)
-
-    def randn(*shape: int) -> Tensor:
-        return torch.randn(*shape, generator=g)
-
-    q, k, v = randn(2, 4, 128, 64), randn(2, 4, 128, 64), randn(2, 4, 128, 64)
+    q, k, v = (torch.randn(2, 4, 128, 64, generator=g) for _ in range(3))  # (B, H, L, D)
     kwargs: dict[str, object] = {}
     if name == "bool_mask":
         kwargs["attn_mask"] = torch.rand(128, 128, generator=g) > 0.3
@@ -325,14 +217,13 @@ def sdpa_case_inputs(name: str) -> tuple[tuple[Tensor, ...], dict[str, object]]:
     elif name == "value_dim":
         v = v[..., :32].contiguous()
     elif name == "strided_last_dim":
-        q = randn(2, 4, 128, 128)[..., ::2]  # (2, 4, 128, 64) with stride 2 in the last dim
+        q = torch.randn(2, 4, 128, 128, generator=g)[..., ::2]  # (2, 4, 128, 64), stride 2
     return (q, k, v), kwargs
 
 
+@cache  # the answer depends only on this machine and this torch
 def _cpu_backend(name: str) -> tuple[str, str]:
     """Which kernel torch picks on the CPU for a case, and its reason when it is not flash."""
-    from ..hardware import sdpa_backends
-
     args, kwargs = sdpa_case_inputs(name)
     report = sdpa_backends(*args, **kwargs)
     flash = report.status("FLASH_ATTENTION")
@@ -343,49 +234,58 @@ def _cpu_backend(name: str) -> tuple[str, str]:
     return picked, flash.reason
 
 
-def check_sdpa_backend_prediction(predictions: Mapping[str, str]) -> None:
-    """Check a prediction ``{case name: "flash" or "math"}`` for every case of :data:`SDPA_CASES`.
+_HINT_FLASH = (
+    "The CPU flash kernel accepts masks (bool or float), is_causal, and float32, float64, "
+    "bfloat16 and float16 inputs; what it needs is 4-D tensors with a contiguous last dim, equal "
+    "head dims and no dropout."
+)
 
-    The truth is found on this machine, not tabulated: :func:`mha.hardware.sdpa_backends` runs each
-    case on the CPU with only the flash kernel allowed (``torch.nn.attention.sdpa_kernel``) and asks
-    torch's dispatcher which kernel it picks; when the CPU flash kernel refuses the inputs,
-    ``F.scaled_dot_product_attention`` falls back to the math backend.
-    """
-    name = "check_sdpa_backend_prediction"
+
+def _backend_hint(case: str) -> str:
+    picked, reason = _cpu_backend(case)
+    if picked == "flash":
+        return _HINT_FLASH
+    return f"torch refuses the flash kernel here and says: {reason.rstrip('.')}."
+
+
+def _as_backends(predictions: object) -> tuple[str, ...]:
     if not isinstance(predictions, Mapping):
         raise ExerciseError(
-            f"predictions should be a dict {{case: 'flash' or 'math'}}, got {type(predictions).__name__}."
+            "predictions should be a dict {case: 'flash' or 'math'}, got "
+            f"{type(predictions).__name__}."
         )
     missing = [c for c in SDPA_CASES if c not in predictions]
     unknown = [c for c in predictions if c not in SDPA_CASES]
     if missing or unknown:
         raise ExerciseError(
-            f"predictions should have exactly the keys {list(SDPA_CASES)}; "
-            f"missing {missing}, unknown {unknown}."
+            f"predictions should have exactly the keys {list(SDPA_CASES)}; missing {missing}, "
+            f"unknown {unknown}."
         )
     for case, guess in predictions.items():
         if guess not in ("flash", "math"):
             raise ExerciseError(
                 f"predictions[{case!r}] should be 'flash' or 'math', got {guess!r}."
             )
-    truth = {case: _cpu_backend(case) for case in SDPA_CASES}
-    wrong = [(case, *truth[case]) for case in SDPA_CASES if predictions[case] != truth[case][0]]
-    if wrong:
-        case, actual, reason = wrong[0]
-        if actual == "flash":
-            hint = (
-                "The CPU flash kernel accepts masks (bool or float), is_causal, and float32, "
-                "float64, bfloat16 and float16 inputs; what it needs is 4-D tensors with a "
-                "contiguous last dim, equal head dims and no dropout."
-            )
-        else:
-            hint = f"torch refuses the flash kernel here and says: {reason.rstrip('.')}."
-        raise ExerciseError(
-            f"{len(wrong)} of {len(SDPA_CASES)} predictions are wrong. First: {case!r} "
-            f"({SDPA_CASES[case]}) runs the {actual} kernel, you predicted {predictions[case]}. {hint}"
-        )
-    n_flash = sum(picked == "flash" for picked, _ in truth.values())
-    passed(
-        name,
-        f"all {len(SDPA_CASES)} predictions right ({n_flash} flash, {len(SDPA_CASES) - n_flash} math)",
-    )
+    return tuple(predictions[c] for c in SDPA_CASES)
+
+
+SDPA_BACKEND_PREDICTION = Exercise(
+    "check_sdpa_backend_prediction",
+    lambda want: f"all {len(want)} predictions right ({want.count('flash')} flash, "
+    f"{want.count('math')} math)",
+    lambda: {case: _cpu_backend(case)[0] for case in SDPA_CASES},
+    mistakes=(Mistake(lambda truth: {**truth, "bool_mask": "math"}, _HINT_FLASH),),
+    hint=_backend_hint,
+    outputs=tuple(SDPA_CASES),
+    prediction=True,
+    report_all=True,
+    convert=_as_backends,
+    params=("predictions",),
+    doc="Check a prediction {case: 'flash' or 'math'} for every case of ``SDPA_CASES``, against "
+    "the kernel torch picks on this machine's CPU (:func:`mha.hardware.sdpa_backends`).",
+)
+
+EXERCISES = (ONLINE_SOFTMAX_UPDATE, KV_CACHE_STEP, SDPA_BACKEND_PREDICTION)
+check_online_softmax_update = ONLINE_SOFTMAX_UPDATE.checker()
+check_kv_cache_step = KV_CACHE_STEP.checker()
+check_sdpa_backend_prediction = SDPA_BACKEND_PREDICTION.checker()

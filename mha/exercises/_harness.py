@@ -1,0 +1,321 @@
+"""The one harness every exercise runs on: an exercise is data, one runner checks every answer.
+
+An :class:`Exercise` holds a reference (built on PyTorch's own operators where possible), input
+cases, tolerances and its known mistakes: small functions giving the typical wrong answer, each
+paired with its hint. :meth:`Exercise.check` calls the learner's code on every case and compares
+with the reference; on a mismatch it names the first mistake that reproduces the learner's output,
+else the generic hint. Crashes, NaN, wrong shapes or dtypes and non-tensors read the same
+everywhere; what is not "call the answer and compare" brings a ``custom`` check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+
+class ExerciseError(AssertionError):
+    """A learner's answer is wrong; the message says how and hints at why."""
+
+
+class NotAttempted(Exception):
+    """The answer is still the notebook's stub: the checker says so instead of failing."""
+
+
+def _stub() -> None: ...
+
+
+def is_stub(fn: object) -> bool:
+    """True if ``fn``'s body is only ``...`` (or ``pass``), as in the notebooks' stubs."""
+    code = getattr(getattr(fn, "fn", fn), "__code__", None)  # a Triton kernel wraps its function
+    return code is not None and code.co_code == _stub.__code__.co_code
+
+
+def _unfilled(value: object) -> bool:
+    """True for ``None``, ``...`` and containers of nothing else: a prediction not made yet."""
+    if value is None or value is Ellipsis:
+        return True
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    return isinstance(value, (list, tuple)) and len(value) > 0 and all(map(_unfilled, value))
+
+
+class Mistake(NamedTuple):
+    """A typical wrong answer and its hint. In a function exercise ``fn`` has the learner's
+    signature; in a prediction it maps the true answer to the wrong one."""
+
+    fn: Callable[..., Any]
+    hint: str
+
+
+@dataclass(frozen=True)
+class Case:
+    """One input: ``label`` names the call in messages; ``expected`` is the right output when the
+    reference cannot compute it from ``args``; ``atol``/``rtol`` override the exercise's."""
+
+    label: str
+    args: tuple = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    expected: Any = None
+    atol: float | None = None
+    rtol: float | None = None
+
+
+class _Raised(NamedTuple):
+    """What the learner's (or a mistake's) code raised instead of returning."""
+
+    err: Exception
+
+    def __str__(self) -> str:
+        lines = str(self.err).splitlines()
+        return f"{type(self.err).__name__}: {lines[0] if lines else ''}"
+
+    def same(self, other: object) -> bool:
+        same_type = isinstance(other, _Raised) and type(other.err) is type(self.err)
+        return same_type and str(other) == str(self)
+
+
+_MISSING = object()  # a part of a mistake's output that does not exist
+
+
+def _close(a: object, b: object, atol: float, rtol: float, exact_dtype: bool) -> bool:
+    """True if ``a`` equals ``b`` within tolerance: tensors (NaN == NaN), sequences, numbers."""
+    if isinstance(b, Tensor):
+        if not isinstance(a, Tensor) or a.shape != b.shape or exact_dtype and a.dtype != b.dtype:
+            return False
+        a, b = a.detach().to(b.dtype), b.detach()
+        if not b.is_floating_point():
+            return torch.equal(a, b)
+        return bool(torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=True))
+    if isinstance(b, (tuple, list)):
+        return isinstance(a, (tuple, list)) and len(a) == len(b) and all(
+            _close(x, y, atol, rtol, exact_dtype) for x, y in zip(a, b)
+        )
+    if isinstance(b, float) and type(a) in (int, float):
+        return abs(a - b) <= atol + rtol * abs(b)
+    return type(a) is type(b) and a == b
+
+
+def difference(
+    got: object, want: object, *, atol: float, rtol: float, exact_dtype: bool = False
+) -> str | None:
+    """How ``got`` differs from ``want`` (in ``torch.testing.assert_close``'s words), or None."""
+    if not isinstance(want, Tensor):
+        if _close(got, want, atol, rtol, False):
+            return None
+        return "is {}, expected {}".format(*(f"{v:.3g}" if isinstance(v, float) else repr(v)
+                                             for v in (got, want)))
+    if not isinstance(got, Tensor):
+        return f"gave {type(got).__name__}, expected a torch.Tensor"
+    if got.shape != want.shape:
+        return f"has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    if exact_dtype and got.dtype != want.dtype:
+        return f"has dtype {got.dtype}, expected {want.dtype}"
+    got = got.detach().to(want.dtype)
+    if got.is_floating_point() and got.isnan().any() and not want.isnan().any():
+        return "contains NaN"
+    try:
+        torch.testing.assert_close(got, want.detach(), atol=atol, rtol=rtol, equal_nan=True)
+    except AssertionError as err:
+        summary = "; ".join(line.strip() for line in str(err).splitlines()[1:4] if line.strip())
+        return f"has the right shape but wrong values ({summary})"
+    return None
+
+
+@contextlib.contextmanager
+def forbid(targets: Sequence[tuple[object, str]], message: str) -> Iterator[None]:
+    """Replace ``getattr(owner, name)`` for each pair by a tripwire raising ``ExerciseError``."""
+
+    def tripwire(*args: object, **kwargs: object) -> None:
+        raise ExerciseError(message)
+
+    # (owner, name, own attribute or None if inherited): restoring leaves no trace
+    saved = [(owner, name, vars(owner).get(name)) for owner, name in targets
+             if hasattr(owner, name)]
+    try:
+        for owner, name, _ in saved:
+            setattr(owner, name, tripwire)
+        yield
+    finally:
+        for owner, name, original in saved:
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise as data, checked by :meth:`check`; its public checker is :meth:`checker`."""
+
+    name: str  # the checker's name, which starts its printed line
+    success: str | Callable[[Any], str]  # the detail after "correct —" (or made from the output)
+    # The right answer: a function with the learner's signature, or, in a prediction, a function
+    # of no argument returning the true answer.
+    reference: Callable[..., Any] | None
+    cases: Callable[[], Iterable[Case]] = lambda: [Case("your prediction")]  # built on demand
+    mistakes: Sequence[Mistake] = ()  # tried in order
+    hint: str | Mapping[str, str] | Callable[[str], str] = ""  # generic, or one per output name
+    crash_hint: str = ""  # when the learner's code raises an error no mistake explains
+    atol: float = 1e-5
+    rtol: float = 1e-4
+    exact_dtype: bool = False  # must the result have the reference's dtype?
+    outputs: tuple[str, ...] = ()  # names of the parts of a tuple answer, compared one by one
+    prediction: bool = False  # the answer is a value (or a tuple of values), not a function
+    report_all: bool = False  # report every wrong part, not only the first
+    call: Callable[[Any, Case], Any] | None = None  # the output of an answer, if not answer(*args)
+    convert: Callable[[Any], Any] | None = None  # normalises an output or rejects its type
+    context: Callable[[], contextlib.AbstractContextManager] | None = None  # e.g. forbid(...)
+    custom: Callable[[Any], str] | None = None  # a check of its own; returns the success detail
+    solution: Any = None  # an answer the checker accepts, when the reference is not one
+    params: tuple[str, ...] = ("fn",)  # the public checker's parameters (several: a tuple answer)
+    doc: str = ""  # the public checker's docstring
+
+    def check(self, answer: object) -> None:
+        """Print the success line, or "not attempted yet" for a stub; raise ``ExerciseError``
+        with a hint for a wrong answer."""
+        if not (self.prediction or _unfilled(answer) or callable(answer)):
+            kind = type(answer).__name__
+            raise TypeError(f"{self.name}: {self.params[0]} should be a function, got {kind}")
+        try:
+            if _unfilled(answer) or is_stub(answer):
+                raise NotAttempted
+            detail = self.custom(answer) if self.custom else self._run(answer)
+        except NotAttempted:  # not an error: "Run all" in Colab goes on past an unsolved exercise
+            print(f"⏳ {self.name}: not attempted yet — write your answer in the cell above, "
+                  "then run it again.")
+            return
+        print(f"✅ {self.name}: correct — {detail}")
+
+    def checker(self) -> Callable[..., None]:
+        """The public ``check_*`` function: named ``name``, taking ``params``, documented by
+        ``doc``."""
+        signature = inspect.Signature(
+            [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in self.params]
+        )
+
+        def check(*args: object, **kwargs: object) -> None:
+            answer = signature.bind(*args, **kwargs).args
+            self.check(answer[0] if len(answer) == 1 else answer)
+
+        check.__name__ = check.__qualname__ = self.name
+        check.__doc__, check.__signature__ = self.doc, signature
+        return check
+
+    def accepted_answer(self) -> object:
+        """An answer the checker accepts (the tests try it)."""
+        if self.solution is not None:
+            return self.solution
+        return self.reference() if self.prediction else self.reference
+
+    def wrong_answers(self) -> list[tuple[object, str]]:
+        """Every known mistake as an answer to the checker, with its hint (the tests try them)."""
+        truth = self.reference() if self.prediction else None
+        return [(m.fn(truth) if self.prediction else m.fn, m.hint) for m in self.mistakes]
+
+    def _run(self, answer: object) -> str:
+        want = None
+        for index, case in enumerate(self.cases()):
+            if case.expected is not None:
+                want = case.expected
+            else:
+                want = self.reference(*case.args, **case.kwargs)
+                want = self.convert(want) if self.prediction and self.convert else want
+            with self.context() if self.context else contextlib.nullcontext():
+                got = self._output(answer, case)
+            if index == 0 and (got is None or isinstance(got, _Raised)
+                               and isinstance(got.err, NotImplementedError)):
+                raise NotAttempted
+            message = self._diagnose(case, got, want)
+            if message:
+                raise ExerciseError(message)
+        return self.success(want) if callable(self.success) else self.success
+
+    def _output(self, answer: object, case: Case) -> object:
+        """What ``answer`` gives on ``case``: its (converted) output, or what it raised."""
+        try:
+            if self.call:
+                out = self.call(answer, case)
+            elif self.prediction:
+                out = answer
+            else:  # fresh copies: an answer that works in place must not spoil the next case
+                out = answer(*[a.clone() if isinstance(a, Tensor) else a for a in case.args],
+                             **case.kwargs)
+        except (ExerciseError, NotAttempted):
+            raise
+        except Exception as err:  # noqa: BLE001 - the learner's bug: quoted back with a hint
+            return _Raised(err)
+        return self.convert(out) if self.convert and out is not None else out
+
+    def _tolerance(self, case: Case) -> dict[str, Any]:
+        atol = self.atol if case.atol is None else case.atol
+        rtol = self.rtol if case.rtol is None else case.rtol
+        return {"atol": atol, "rtol": rtol, "exact_dtype": self.exact_dtype}
+
+    def _known(self, case: Case, got: object, want: object, index: int | None) -> str | None:
+        """The hint of the first mistake whose output (its part ``index``) is the learner's."""
+        atol, rtol, exact = self._tolerance(case).values()
+        for answer, hint in self.wrong_answers():
+            out = self._output(answer, case)
+            if isinstance(got, _Raised) or isinstance(out, _Raised):
+                if isinstance(got, _Raised) and got.same(out):
+                    return hint
+                continue
+            if index is not None:
+                ok = isinstance(out, tuple) and len(out) == len(self.outputs)
+                out = out[index] if ok else _MISSING
+            # a "mistake" that is right on this input says nothing about the learner's answer
+            if not _close(out, want, atol, rtol, exact) and _close(got, out, atol, rtol, exact):
+                return hint
+        return None
+
+    def _generic_hint(self, name: str) -> str:
+        if callable(self.hint):
+            return self.hint(name)
+        return self.hint.get(name, "") if isinstance(self.hint, Mapping) else self.hint
+
+    def _diagnose(self, case: Case, got: object, want: object) -> str | None:
+        """The error message for a wrong output, or None if ``got`` is right."""
+        if isinstance(got, _Raised):
+            hint = self._known(case, got, want, None) or self.crash_hint
+            return f"{case.label} raised {got}. {hint}".rstrip()
+        if not self.outputs:
+            problem = difference(got, want, **self._tolerance(case))
+            hint = problem and (self._known(case, got, want, None) or self._generic_hint(""))
+            return problem and f"{case.label} {problem}. {hint}".rstrip()
+        if not (isinstance(got, tuple) and len(got) == len(self.outputs)):
+            hint = self._known(case, got, want, None) or ""
+            names, kind = ", ".join(self.outputs), type(got).__name__
+            return f"{case.label} should return a tuple ({names}), got {kind}. {hint}".rstrip()
+        problems = []
+        for index, name in enumerate(self.outputs):
+            problem = difference(got[index], want[index], **self._tolerance(case))
+            if problem:
+                hint = self._known(case, got[index], want[index], index) or self._generic_hint(name)
+                problems.append(f"{case.label}: {name} {problem}. {hint}")
+                if not self.report_all:
+                    break
+        if self.report_all and problems:
+            problems.insert(0, f"{len(problems)} of the {len(self.outputs)} answers are wrong:")
+            return "\n".join(problems)
+        return problems[0] if problems else None
+
+
+def as_int(value: object, what: str) -> int:
+    """``value`` as an int, or an ``ExerciseError`` naming ``what``."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ExerciseError(f"{what} should be an int, got {value!r}.")
+    return value.__index__()
+
+
+def as_shape(value: object, what: str) -> tuple[int, ...]:
+    """``value`` (a tuple, list or ``torch.Size`` of ints) as a tuple, or an ``ExerciseError``."""
+    if isinstance(value, (tuple, list)) and all(type(n) is int for n in value):
+        return tuple(value)
+    raise ExerciseError(f"{what} should be a tuple of ints, got {value!r}.")
