@@ -98,7 +98,9 @@ def scaled_dot_product_attention(
         # range (65504) long before the softmax sees it: compute everything in float32.
         query, key, value = query.float(), key.float(), value.float()
 
-    q = fold_groups(query * scale, groups)  # (..., Hkv, G·L, D): scaling L·D numbers, not L·S
+    q = query * scale  # (..., L, D): scaling L·D numbers is cheaper than scaling L·S scores
+    if groups > 1:  # grouped-query attention (chapter 5): G query heads share each key head,
+        q = fold_groups(q, groups)  # so stack their rows, (..., Hkv, G·L, D), instead of copying keys
     scores = (q @ key.transpose(-2, -1)).view(scores_shape)  # (..., L, S)
     masked = attn_mask is not None or is_causal
     if is_causal:
@@ -114,6 +116,6 @@ def scaled_dot_product_attention(
     weights = softmax(scores, dim=-1) if masked else torch.softmax(scores, dim=-1)  # (..., L, S)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
-    out = fold_groups(weights, groups) @ value  # (..., Hkv, G·L, Dv)
+    out = fold_groups(weights, groups) @ value  # (..., L, Dv); (..., Hkv, G·L, Dv) with groups
     out = out.view(*query.shape[:-1], value.shape[-1]).to(dtype)  # (..., L, Dv)
     return (out, weights.to(dtype)) if return_weights else out
