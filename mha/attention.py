@@ -29,6 +29,28 @@ def fold_groups(t: Tensor, groups: int) -> Tensor:
     return t.reshape(*lead, H // groups, groups * R, X)
 
 
+def check_arguments(
+    query: object,
+    key: object,
+    value: object,
+    attn_mask: object,
+    is_causal: object,
+    scale: object,
+    enable_gqa: bool,
+) -> tuple[int, float]:
+    """Validate the arguments every attention function shares; return ``(groups, scale)``.
+
+    ``groups`` is ``H // Hkv`` (1 without grouped-query attention); ``scale`` defaults to
+    ``1/sqrt(D)``.
+    """
+    groups = validate.qkv(query, key, value, enable_gqa=enable_gqa)
+    validate.flag("is_causal", is_causal)
+    scale = validate.scale(scale)
+    if attn_mask is not None:
+        validate.attn_mask(attn_mask, (*query.shape[:-1], key.shape[-2]))
+    return groups, 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+
+
 def softmax(scores: Tensor, dim: int = -1) -> Tensor:
     """Numerically stable softmax that gives zeros (not NaN) for rows that are all ``-inf``.
 
@@ -82,15 +104,10 @@ def scaled_dot_product_attention(
     forward and backward pass. Float16/bfloat16 inputs are computed in float32 (scores, softmax
     and weighted sum) and the results rounded back to the input dtype once, at the end.
     """
-    groups = validate.qkv(query, key, value, enable_gqa=enable_gqa)
+    groups, scale = check_arguments(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     validate.probability("dropout_p", dropout_p)
-    validate.flag("is_causal", is_causal)
-    scale = validate.scale(scale)
     L, S = query.shape[-2], key.shape[-2]
     scores_shape = (*query.shape[:-2], L, S)  # (..., L, S)
-    if attn_mask is not None:
-        validate.attn_mask(attn_mask, scores_shape)
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
 
     dtype = query.dtype
     if dtype in validate.LOW_PRECISION:
@@ -100,7 +117,9 @@ def scaled_dot_product_attention(
 
     q = query * scale  # (..., L, D): scaling L·D numbers is cheaper than scaling L·S scores
     if groups > 1:  # grouped-query attention (chapter 5): G query heads share each key head,
-        q = fold_groups(q, groups)  # so stack their rows, (..., Hkv, G·L, D), instead of copying keys
+        q = fold_groups(
+            q, groups
+        )  # so stack their rows, (..., Hkv, G·L, D), instead of copying keys
     scores = (q @ key.transpose(-2, -1)).view(scores_shape)  # (..., L, S)
     masked = attn_mask is not None or is_causal
     if is_causal:

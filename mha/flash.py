@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from . import validation as validate
+from .attention import check_arguments
 
 
 def online_softmax_update(
@@ -95,7 +96,10 @@ def tile_schedule(
             keep = keep.any(0)
         n_key_tiles = math.ceil(S / block_size)
         padded = torch.zeros(
-            n_row_blocks * block_size, n_key_tiles * block_size, dtype=torch.bool, device=keep.device
+            n_row_blocks * block_size,
+            n_key_tiles * block_size,
+            dtype=torch.bool,
+            device=keep.device,
         )
         padded[:L, :S] = keep  # broadcasts a (1, S) or (L, 1) mask to (L, S)
         blocks = padded.view(n_row_blocks, block_size, n_key_tiles, block_size)
@@ -110,7 +114,9 @@ def tile_schedule(
         if not rows:
             continue
         first, last = rows[0], rows[-1]
-        tiles.append(Tile(k0, min(k0 + block_size, S), first * block_size, min((last + 1) * block_size, L)))
+        tiles.append(
+            Tile(k0, min(k0 + block_size, S), first * block_size, min((last + 1) * block_size, L))
+        )
     return tiles
 
 
@@ -143,14 +149,9 @@ def flash_attention(
     Fully masked rows give zeros. Float16/bfloat16 inputs are computed in float32 (scores,
     ``m``, ``l``, ``acc``) and the output is rounded to the input dtype once, at the end.
     """
-    groups = validate.qkv(query, key, value, enable_gqa=enable_gqa)
-    validate.flag("is_causal", is_causal)
-    scale = validate.scale(scale)
+    groups, scale = check_arguments(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     L, S = query.shape[-2], key.shape[-2]
     batch = query.shape[:-2]
-    if attn_mask is not None:
-        validate.attn_mask(attn_mask, (*batch, L, S))
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     schedule = tile_schedule(L, S, block_size=block_size, is_causal=is_causal, attn_mask=attn_mask)
 
     dtype = query.dtype

@@ -15,7 +15,9 @@ from torch import Tensor
 from . import validation as validate
 
 
-def causal_mask(L: int, S: int | None = None, *, device: torch.device | str | None = None) -> Tensor:
+def causal_mask(
+    L: int, S: int | None = None, *, device: torch.device | str | None = None
+) -> Tensor:
     """Keep-mask of causal attention, aligned top-left like PyTorch's ``is_causal=True``.
 
     Query ``i`` may attend to keys ``0..i``. With ``S > L`` the extra keys at the end are never

@@ -37,7 +37,10 @@ class KVCache:
         """Bytes held by the cached keys and values."""
         if self.key is None or self.value is None:
             return 0
-        return self.key.numel() * self.key.element_size() + self.value.numel() * self.value.element_size()
+        return (
+            self.key.numel() * self.key.element_size()
+            + self.value.numel() * self.value.element_size()
+        )
 
     def reset(self) -> None:
         self.key = self.value = None
@@ -101,8 +104,14 @@ class MultiHeadAttention(nn.Module):
         embed_dim = validate.positive_int("embed_dim", embed_dim)
         num_heads = validate.positive_int("num_heads", num_heads)
         if embed_dim % num_heads:
-            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
-        num_kv_heads = num_heads if num_kv_heads is None else validate.positive_int("num_kv_heads", num_kv_heads)
+            raise ValueError(
+                f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})"
+            )
+        num_kv_heads = (
+            num_heads
+            if num_kv_heads is None
+            else validate.positive_int("num_kv_heads", num_kv_heads)
+        )
         if num_heads % num_kv_heads:
             raise ValueError(
                 f"num_heads ({num_heads}) must be divisible by num_kv_heads ({num_kv_heads})"
@@ -127,13 +136,21 @@ class MultiHeadAttention(nn.Module):
 
     def extra_repr(self) -> str:
         kv = "" if self.num_kv_heads == self.num_heads else f", num_kv_heads={self.num_kv_heads}"
-        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}{kv}, backend={self.backend!r}"
+        return (
+            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}{kv}, backend={self.backend!r}"
+        )
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
-        for name, t, width in (("query", query, self.embed_dim), ("key", key, self.kdim), ("value", value, self.vdim)):
+        for name, t, width in (
+            ("query", query, self.embed_dim),
+            ("key", key, self.kdim),
+            ("value", value, self.vdim),
+        ):
             validate.tensor(name, t, floating=True)
             if t.dim() != 3:
-                raise ValueError(f"{name} must be batch-first (B, length, width), got shape {tuple(t.shape)}")
+                raise ValueError(
+                    f"{name} must be batch-first (B, length, width), got shape {tuple(t.shape)}"
+                )
             if t.shape[-1] != width:
                 raise ValueError(
                     f"{name} must have width {width} ({'embed_dim' if name == 'query' else name[0] + 'dim'}), "
@@ -264,16 +281,25 @@ class MultiHeadAttention(nn.Module):
             return out, (weights if need_weights else None)
         if self.backend == "sdpa":
             if is_causal and attn_mask is not None:  # torch takes one or the other, not both
-                attn_mask, is_causal = self._and_mask(attn_mask, causal_mask(L, S, device=q.device), q, k), False
-            return F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa=gqa), None
+                attn_mask, is_causal = (
+                    self._and_mask(attn_mask, causal_mask(L, S, device=q.device), q, k),
+                    False,
+                )
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask, dropout_p, is_causal, enable_gqa=gqa
+            ), None
         if self.backend == "flash":
             return flash_attention(q, k, v, attn_mask, is_causal, enable_gqa=gqa), None
         if attn_mask is not None:
-            raise ValueError("backend 'triton' supports is_causal but no attn_mask; use another backend")
+            raise ValueError(
+                "backend 'triton' supports is_causal but no attn_mask; use another backend"
+            )
         from .triton_flash import triton_attention  # optional: triton is an extra
 
         if gqa:  # the chapter-6 kernel reads one key/value head per query head
-            k, v = (t.repeat_interleave(H // self.num_kv_heads, dim=1) for t in (k, v))  # (B, H, S, D)
+            k, v = (
+                t.repeat_interleave(H // self.num_kv_heads, dim=1) for t in (k, v)
+            )  # (B, H, S, D)
         return triton_attention(q, k, v, is_causal=is_causal), None
 
     def _merge(self, out: Tensor) -> Tensor:
@@ -293,13 +319,17 @@ class MultiHeadAttention(nn.Module):
         return attn_mask.masked_fill(~keep, float("-inf"))
 
     @classmethod
-    def from_torch(cls, module: nn.MultiheadAttention, *, backend: str = "math") -> MultiHeadAttention:
+    def from_torch(
+        cls, module: nn.MultiheadAttention, *, backend: str = "math"
+    ) -> MultiHeadAttention:
         """Build a :class:`MultiHeadAttention` with the weights of a ``nn.MultiheadAttention``.
 
         The module must be batch-first. Its bool masks mean "masked out"; pass ``~mask`` to ours.
         """
         if not isinstance(module, nn.MultiheadAttention):
-            raise TypeError(f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}")
+            raise TypeError(
+                f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}"
+            )
         if not module.batch_first:
             raise ValueError("module must be built with batch_first=True (ours is batch-first)")
         if module.bias_k is not None or module.add_zero_attn:
@@ -325,7 +355,9 @@ class MultiHeadAttention(nn.Module):
             for proj, w in ((ours.q_proj, q_w), (ours.k_proj, k_w), (ours.v_proj, v_w)):
                 proj.weight.copy_(w)
             if module.in_proj_bias is not None:
-                for proj, b in zip((ours.q_proj, ours.k_proj, ours.v_proj), module.in_proj_bias.split(E)):
+                for proj, b in zip(
+                    (ours.q_proj, ours.k_proj, ours.v_proj), module.in_proj_bias.split(E)
+                ):
                     proj.bias.copy_(b)
             ours.out_proj.weight.copy_(module.out_proj.weight)
             if module.out_proj.bias is not None:

@@ -32,7 +32,9 @@ def test_decoding_with_the_cached_stack_equals_one_causal_pass(num_kv_heads):
     x = randn(2, 9, 32, seed=0)
     with torch.no_grad():
         cache = mha.KVCache()
-        steps = torch.cat([layer(x[:, i : i + 1], is_causal=True, kv_cache=cache)[0] for i in range(9)], 1)
+        steps = torch.cat(
+            [layer(x[:, i : i + 1], is_causal=True, kv_cache=cache)[0] for i in range(9)], 1
+        )
         assert_close(steps, separate_projections(layer, x))
         assert_close(layer(x, is_causal=True)[0], separate_projections(layer, x))
 
@@ -86,22 +88,37 @@ def test_gqa_with_a_per_head_mask(fn):
     bias = randn(1, H, 1, S, seed=10)
     for m in (mask, bias, mha.padding_mask(torch.tensor([14, 5]), S)):
         expected = F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True)
-        assert_close(fn(q, k, v, m, enable_gqa=True, **({"block_size": 4} if fn is mha.flash_attention else {})),
-                     expected)
+        assert_close(
+            fn(
+                q,
+                k,
+                v,
+                m,
+                enable_gqa=True,
+                **({"block_size": 4} if fn is mha.flash_attention else {}),
+            ),
+            expected,
+        )
 
 
 def test_gqa_needs_the_flag_and_a_dividing_head_count():
     q, k = randn(1, 8, 4, 16, seed=11), randn(1, 2, 4, 16, seed=12)
     for fn in (mha.scaled_dot_product_attention, mha.flash_attention):
-        with pytest.raises(ValueError, match=r"same leading \(batch\) dims, got query \(1, 8, 4, 16\)"):
+        with pytest.raises(
+            ValueError, match=r"same leading \(batch\) dims, got query \(1, 8, 4, 16\)"
+        ):
             fn(q, k, k)
-        with pytest.raises(ValueError, match=r"a multiple of key's, got query \(1, 8, 4, 16\), key \(1, 3, 4, 16\)"):
+        with pytest.raises(
+            ValueError, match=r"a multiple of key's, got query \(1, 8, 4, 16\), key \(1, 3, 4, 16\)"
+        ):
             fn(q, k[:, :1].expand(1, 3, 4, 16), k[:, :1].expand(1, 3, 4, 16), enable_gqa=True)
 
 
 @pytest.mark.parametrize("backend", ["math", "sdpa", "flash"])
 def test_module_gqa_backends_agree_with_repeated_heads(backend):
-    layer = mha.MultiHeadAttention(32, 8, num_kv_heads=2, backend=backend, dtype=torch.float64).eval()
+    layer = mha.MultiHeadAttention(
+        32, 8, num_kv_heads=2, backend=backend, dtype=torch.float64
+    ).eval()
     x = randn(2, 11, 32, seed=13)
     with torch.no_grad():
         assert_close(layer(x, is_causal=True)[0], separate_projections(layer, x))
@@ -111,12 +128,16 @@ def test_gqa_decode_step_does_not_allocate_the_repeated_heads():
     # One query against 1024 cached keys of 1 key/value head shared by 8 query heads: repeating
     # the heads would allocate 2 · 8 · 1024 · 64 floats (4 MiB); the grouped path needs none.
     q = randn(1, 8, 1, 64, seed=14, dtype=torch.float32)
-    k, v = randn(1, 1, 1024, 64, seed=15, dtype=torch.float32), randn(1, 1, 1024, 64, seed=16, dtype=torch.float32)
+    k, v = (
+        randn(1, 1, 1024, 64, seed=15, dtype=torch.float32),
+        randn(1, 1, 1024, 64, seed=16, dtype=torch.float32),
+    )
     repeated_bytes = 2 * 8 * 1024 * 64 * 4
     for fn in (mha.scaled_dot_product_attention, mha.flash_attention):
         grouped = bench.peak_memory(lambda: fn(q, k, v, enable_gqa=True), warmup=False)  # noqa: B023
         repeated = bench.peak_memory(
-            lambda: fn(q, k.repeat_interleave(8, 1), v.repeat_interleave(8, 1)), warmup=False  # noqa: B023
+            lambda: fn(q, k.repeat_interleave(8, 1), v.repeat_interleave(8, 1)),
+            warmup=False,  # noqa: B023
         )
         assert repeated >= repeated_bytes
         assert grouped < repeated_bytes / 4, (fn.__name__, grouped)

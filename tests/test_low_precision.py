@@ -67,8 +67,12 @@ def test_weights_are_returned_in_the_input_dtype_and_sum_to_one(dtype):
     q, k, v = spread_inputs(3.0, dtype)
     out, weights = mha.scaled_dot_product_attention(q, k, v, return_weights=True)
     assert out.dtype == weights.dtype == dtype
-    torch.testing.assert_close(weights.double().sum(-1), torch.ones(weights.shape[:-1], dtype=torch.float64),
-                               atol=2e-2, rtol=0)
+    torch.testing.assert_close(
+        weights.double().sum(-1),
+        torch.ones(weights.shape[:-1], dtype=torch.float64),
+        atol=2e-2,
+        rtol=0,
+    )
 
 
 def _module_pair(backend: str, dtype: torch.dtype, num_kv_heads: int | None):
@@ -77,8 +81,12 @@ def _module_pair(backend: str, dtype: torch.dtype, num_kv_heads: int | None):
     with torch.no_grad():  # large weights: logits with a spread of tens, as in a trained model
         for p in (golden.q_proj.weight, golden.k_proj.weight):
             p.mul_(6.0)
-    low = mha.MultiHeadAttention(64, 4, num_kv_heads=num_kv_heads, backend=backend, dtype=dtype).eval()
-    yardstick = mha.MultiHeadAttention(64, 4, num_kv_heads=num_kv_heads, backend="sdpa", dtype=dtype).eval()
+    low = mha.MultiHeadAttention(
+        64, 4, num_kv_heads=num_kv_heads, backend=backend, dtype=dtype
+    ).eval()
+    yardstick = mha.MultiHeadAttention(
+        64, 4, num_kv_heads=num_kv_heads, backend="sdpa", dtype=dtype
+    ).eval()
     low.load_state_dict(golden.state_dict())
     yardstick.load_state_dict(golden.state_dict())
     return golden, low, yardstick
@@ -107,7 +115,10 @@ def test_module_triton_backend_within_3x_of_the_sdpa_backend():
         expected = golden(x, is_causal=True)[0]
         ours = low(x.half(), is_causal=True)[0]
         theirs = yardstick(x.half(), is_causal=True)[0]
-    assert max_error(ours, expected) <= 3 * max_error(theirs, expected) + torch.finfo(torch.float16).eps
+    assert (
+        max_error(ours, expected)
+        <= 3 * max_error(theirs, expected) + torch.finfo(torch.float16).eps
+    )
 
 
 def test_scale_is_applied_in_float32():
