@@ -8,8 +8,8 @@
   caching allocator's peak counter, on the CPU by replaying the allocation events that
   ``torch.profiler`` records with ``profile_memory=True``.
 * :func:`sweep` runs several implementations over a grid of sizes and returns a :class:`Table`;
-  :func:`loglog_fit` fits ``y ≈ c · x**slope`` to such a curve (slope 2 for memory that grows like
-  ``L²``, slope 1 for ``L``).
+  :func:`loglog_fit` (from :mod:`mha.fit`, importable from here too) fits ``y ≈ c · x**slope`` to
+  such a curve (slope 2 for memory that grows like ``L²``, slope 1 for ``L``).
 
 * :func:`paired_ratio` times two functions in alternating pairs and returns the median of the
   per-pair ratios, the most robust ratio a shared, noisy machine allows.
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import math
 import os
 import re
 import statistics
@@ -40,6 +39,7 @@ import torch
 from torch.utils import benchmark
 
 from . import validation as validate
+from .fit import LogLogFit, loglog_fit
 
 __all__ = [
     "LogLogFit",
@@ -98,8 +98,7 @@ class _Runner:
     """A ``Timer`` for one call pattern plus the block size it settled on."""
 
     def __init__(self, fn: Callable[..., object], args: tuple, kwargs: dict, num_threads: int):
-        if not callable(fn):
-            raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        validate.function("fn", fn)
         self.timer = benchmark.Timer(
             stmt="fn(*args, **kwargs)",
             globals={"fn": fn, "args": args, "kwargs": kwargs},
@@ -168,6 +167,15 @@ def time_fn(
     return _summarise(times, runner.number or 1)
 
 
+def _check_fns(fns: object) -> Mapping[str, Callable[..., object]]:
+    """A non-empty mapping of name -> callable (what :func:`sweep` and friends measure)."""
+    if not isinstance(fns, Mapping) or not fns:
+        raise ValueError(f"fns must be a non-empty mapping of name -> function, got {fns!r}")
+    for name, fn in fns.items():
+        validate.function(f"fns[{name!r}]", fn)
+    return fns
+
+
 def compare_times(
     fns: Mapping[str, Callable[[], object]],
     *,
@@ -190,8 +198,7 @@ def compare_times(
     Returns:
         name -> :class:`Timing`, in the order of ``fns``.
     """
-    if not isinstance(fns, Mapping) or not fns:
-        raise ValueError(f"fns must be a non-empty mapping of name -> function, got {fns!r}")
+    fns = _check_fns(fns)
     rounds = validate.positive_int("rounds", rounds)
     min_run_time = validate.positive_float("min_run_time", min_run_time)
     threads = _threads(num_threads)
@@ -377,8 +384,8 @@ def peak_memory(
     Returns:
         Peak extra bytes, an ``int`` ``>= 0``.
     """
-    if not callable(fn):
-        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    validate.function("fn", fn)
+    validate.flag("warmup", warmup)
     dev = _find_device(args, kwargs) if device is None else torch.device(device)
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be a cpu or cuda device, got {str(dev)!r}")
@@ -514,6 +521,69 @@ class Table:
         return f"Table({len(self.rows)} rows, columns={self.columns})"
 
 
+def _check_sizes(sizes: Sequence[int]) -> list[int]:
+    sizes = list(sizes)
+    if not sizes:
+        raise ValueError("sizes must not be empty")
+    for s in sizes:
+        validate.positive_int("each of sizes", s)
+    return sizes
+
+
+def _check_size_name(size_name: object) -> str:
+    # The size becomes a column next to "impl" and the measurements: it must not overwrite one.
+    if not isinstance(size_name, str):
+        raise TypeError(f"size_name must be a str, got {type(size_name).__name__} ({size_name!r})")
+    if size_name in ("impl", *_COLUMN_SPECS):
+        raise ValueError(
+            f"size_name must be a str other than the table's own columns, got {size_name!r}"
+        )
+    return size_name
+
+
+def _check_max_size(
+    max_size: Mapping[str, int] | None, fns: Mapping[str, object]
+) -> dict[str, int]:
+    max_size = dict(max_size or {})
+    for name, largest in max_size.items():
+        if name not in fns:
+            raise ValueError(f"max_size names {name!r}, which is not in fns {list(fns)}")
+        validate.positive_int(f"max_size[{name!r}]", largest)
+    return max_size
+
+
+def _split_inputs(inputs: object) -> tuple[tuple, dict[str, Any]]:
+    """``make_inputs``' result as ``(args, kwargs)``: a tuple is positional, a mapping keywords."""
+    if isinstance(inputs, Mapping):
+        return (), dict(inputs)
+    if isinstance(inputs, tuple):
+        return inputs, {}
+    raise TypeError(
+        f"make_inputs must return a tuple of arguments or a dict of keyword arguments, "
+        f"got {type(inputs).__name__}"
+    )
+
+
+def _measure(
+    fn: Callable[..., object],
+    args: tuple,
+    kwargs: dict[str, Any],
+    *,
+    time: bool,
+    memory: bool,
+    min_run_time: float,
+) -> dict[str, Any]:
+    """The measurement columns of one row of :func:`sweep`."""
+    row: dict[str, Any] = {}
+    if time:
+        t = time_fn(fn, *args, min_run_time=min_run_time, **kwargs)
+        row.update(time_s=t.median, iqr_s=t.iqr, runs=t.runs)
+    if memory:
+        # timing already warmed the function up
+        row["peak_bytes"] = peak_memory(fn, *args, warmup=not time, **kwargs)
+    return row
+
+
 def sweep(
     fns: Mapping[str, Callable[..., object]],
     sizes: Sequence[int],
@@ -548,114 +618,27 @@ def sweep(
         A :class:`Table` with columns ``impl``, ``size_name``, then the measurements, ordered by
         size, then by the order of ``fns``.
     """
-    if not isinstance(fns, Mapping) or not fns:
-        raise ValueError(f"fns must be a non-empty mapping of name -> function, got {fns!r}")
-    for name, fn in fns.items():
-        if not callable(fn):
-            raise TypeError(f"fns[{name!r}] must be callable, got {type(fn).__name__}")
-    sizes = list(sizes)
-    if not sizes:
-        raise ValueError("sizes must not be empty")
-    for s in sizes:
-        validate.positive_int("each of sizes", s)
+    fns, sizes = _check_fns(fns), _check_sizes(sizes)
+    validate.function("make_inputs", make_inputs)
+    time, memory = validate.flag("time", time), validate.flag("memory", memory)
     if not (time or memory):
         raise ValueError("at least one of time and memory must be True")
-    if not isinstance(size_name, str) or size_name in ("impl", *_COLUMN_SPECS):
-        raise ValueError(
-            f"size_name must be a str other than the table's own columns, got {size_name!r}"
-        )
-    max_size = dict(max_size or {})
-    for name in max_size:
-        if name not in fns:
-            raise ValueError(f"max_size names {name!r}, which is not in fns {list(fns)}")
+    size_name = _check_size_name(size_name)
+    min_run_time = validate.positive_float("min_run_time", min_run_time)
+    max_size = _check_max_size(max_size, fns)
+    validate.flag("progress", progress)
 
     plan = [(s, name) for s in sizes for name in fns if s <= max_size.get(name, s)]
     rows = []
     for step, (size, name) in enumerate(plan, 1):
         if progress:
             print(f"\rsweep {step}/{len(plan)}: {name} {size_name}={size}", end="", flush=True)
-        if step == 1 or plan[step - 2][0] != size:
-            inputs = make_inputs(size)
-            if isinstance(inputs, Mapping):
-                args, kwargs = (), dict(inputs)
-            elif isinstance(inputs, tuple):
-                args, kwargs = inputs, {}
-            else:
-                raise TypeError(
-                    f"make_inputs must return a tuple of arguments or a dict of keyword arguments, "
-                    f"got {type(inputs).__name__}"
-                )
-        row: dict[str, Any] = {"impl": name, size_name: size}
-        if time:
-            t = time_fn(fns[name], *args, min_run_time=min_run_time, **kwargs)
-            row.update(time_s=t.median, iqr_s=t.iqr, runs=t.runs)
-        if memory:
-            # timing already warmed the function up
-            row["peak_bytes"] = peak_memory(fns[name], *args, warmup=not time, **kwargs)
-        rows.append(row)
+        if step == 1 or plan[step - 2][0] != size:  # built once per size, shared by every fn
+            args, kwargs = _split_inputs(make_inputs(size))
+        measured = _measure(
+            fns[name], args, kwargs, time=time, memory=memory, min_run_time=min_run_time
+        )
+        rows.append({"impl": name, size_name: size, **measured})
     if progress:
         print(f"\rsweep done: {len(plan)} measurements" + " " * 20, flush=True)
     return Table(rows)
-
-
-# ---------------------------------------------------------------------------------------- slope
-
-
-@dataclass(frozen=True)
-class LogLogFit:
-    """``y ≈ coefficient · x**slope``, fitted by least squares on ``log x``, ``log y``.
-
-    Attributes:
-        slope: the exponent (1 for linear growth, 2 for quadratic).
-        coefficient: the prefactor ``c``.
-    """
-
-    slope: float
-    coefficient: float
-
-    def __call__(self, x: float | Sequence[float]) -> float | list[float]:
-        """The fitted curve at ``x`` (a number or a sequence of numbers)."""
-        if isinstance(x, (int, float)):
-            return self.coefficient * x**self.slope
-        return [self.coefficient * xi**self.slope for xi in x]
-
-
-def _positive_values(name: str, values: object) -> list[float]:
-    if isinstance(values, torch.Tensor):
-        values = values.detach().cpu().tolist()
-    try:
-        out = [float(v) for v in values]  # type: ignore[union-attr]
-    except (TypeError, ValueError):
-        raise TypeError(
-            f"{name} must be a sequence of numbers, got {type(values).__name__}"
-        ) from None
-    for v in out:
-        if not (v > 0 and math.isfinite(v)):
-            raise ValueError(
-                f"{name} must hold positive finite numbers for a log-log fit, got {v!r}"
-            )
-    return out
-
-
-def loglog_fit(x: Sequence[float], y: Sequence[float]) -> LogLogFit:
-    """Fit ``y ≈ c · x**slope`` by least squares on ``(log x, log y)``.
-
-    The slope is how fast ``y`` grows: doubling ``x`` multiplies ``y`` by ``2**slope``. Peak memory
-    of the naive attention has slope ≈ 2 in the sequence length, the tiled one slope ≈ 1.
-
-    Args:
-        x: positive sizes, at least two distinct values.
-        y: positive measurements, one per size.
-
-    Returns:
-        A :class:`LogLogFit` (``slope``, ``coefficient``; call it to evaluate the fitted curve).
-    """
-    xs, ys = _positive_values("x", x), _positive_values("y", y)
-    if len(xs) != len(ys):
-        raise ValueError(f"x and y must have the same length, got {len(xs)} and {len(ys)}")
-    if len(set(xs)) < 2:
-        raise ValueError(f"x must hold at least two distinct values for a fit, got {xs}")
-    lx, ly = [math.log(v) for v in xs], [math.log(v) for v in ys]
-    mx, my = statistics.fmean(lx), statistics.fmean(ly)
-    slope = sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
-    return LogLogFit(slope, math.exp(my - slope * mx))

@@ -9,7 +9,7 @@ checked value, so a caller can write ``n = positive_int("n", n)``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -22,14 +22,33 @@ def shape(t: Tensor) -> tuple[int, ...]:
     return tuple(t.shape)
 
 
-def tensor(name: str, value: object, *, floating: bool = False, ndim: int | None = None) -> Tensor:
-    """A tensor (optionally of a floating dtype and with exactly ``ndim`` dims)."""
+def tensor(
+    name: str,
+    value: object,
+    *,
+    floating: bool = False,
+    ndim: int | None = None,
+    layout: str | None = None,
+) -> Tensor:
+    """A tensor (optionally of a floating dtype and with exactly ``ndim`` dims).
+
+    ``layout`` names the expected dims in the message, e.g. ``"(B, H, L, D)"``, so that a reader
+    sees which dim is missing rather than only how many there should be.
+    """
     if not isinstance(value, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if floating and not value.dtype.is_floating_point:
         raise TypeError(f"{name} must have a floating dtype, got {value.dtype}")
     if ndim is not None and value.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dims, got shape {shape(value)}")
+        dims = f"{ndim} dims" if layout is None else f"{ndim} dims {layout}"
+        raise ValueError(f"{name} must have {dims}, got shape {shape(value)}")
+    return value
+
+
+def function(name: str, value: object) -> Callable[..., object]:
+    """Something callable (a function, a lambda, a module)."""
+    if not callable(value):
+        raise TypeError(f"{name} must be callable, got {type(value).__name__}")
     return value
 
 
@@ -98,7 +117,9 @@ def qkv(query: object, key: object, value: object, *, enable_gqa: bool = False) 
     for name, t in (("query", query), ("key", key), ("value", value)):
         tensor(name, t, floating=True)
         if t.dim() < 2:
-            raise ValueError(f"{name} must have at least 2 dims (..., length, dim), got shape {shape(t)}")
+            raise ValueError(
+                f"{name} must have at least 2 dims (..., length, dim), got shape {shape(t)}"
+            )
     if not (query.dtype == key.dtype == value.dtype):
         raise TypeError(
             f"query, key and value must share a dtype, got {query.dtype}, {key.dtype} and {value.dtype}"
@@ -130,8 +151,10 @@ def qkv(query: object, key: object, value: object, *, enable_gqa: bool = False) 
         and query.shape[-3] % key.shape[-3] == 0
     )
     if not gqa_fits:
-        what = "the same leading (batch) dims" if not enable_gqa else (
-            "the same batch dims and a head count (dim -3) that is a multiple of key's"
+        what = (
+            "the same leading (batch) dims"
+            if not enable_gqa
+            else "the same batch dims and a head count (dim -3) that is a multiple of key's"
         )
         raise ValueError(
             f"query, key and value must have {what}, got query {shape(query)}, key {shape(key)} "
@@ -155,5 +178,7 @@ def attn_mask(mask: object, target: tuple[int, ...]) -> Tensor:
     m = shape(mask)
     fits = len(m) <= len(target) and all(a in (1, b) for a, b in zip(reversed(m), reversed(target)))
     if not fits:
-        raise ValueError(f"attn_mask of shape {m} is not broadcastable to the scores {tuple(target)}")
+        raise ValueError(
+            f"attn_mask of shape {m} is not broadcastable to the scores {tuple(target)}"
+        )
     return mask

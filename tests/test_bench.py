@@ -106,6 +106,8 @@ def test_peak_memory_bad_input():
         bench.peak_memory(42)
     with pytest.raises(ValueError, match="device must be a cpu or cuda device, got 'meta'"):
         bench.peak_memory(torch.ones, 3, device="meta")
+    with pytest.raises(TypeError, match=r"warmup must be a bool, got int \(0\)"):
+        bench.peak_memory(torch.ones, 3, warmup=0)
 
 
 @pytest.mark.skipif(
@@ -178,6 +180,8 @@ def test_compare_times_interleaves_rounds():
     assert switches >= 5  # a, b, a, b, a, b: measured in turns, not one after the other
     with pytest.raises(ValueError, match="fns must be a non-empty mapping"):
         bench.compare_times({})
+    with pytest.raises(TypeError, match=r"fns\['a'\] must be callable, got int"):
+        bench.compare_times({"a": 1})
 
 
 # ----------------------------------------------------------------------------------------- table
@@ -323,6 +327,20 @@ def test_sweep_bad_input():
         bench.sweep(fns, [1], lambda n: [n], time=False)
     with pytest.raises(ValueError, match="at least one of time and memory"):
         bench.sweep(fns, [1], lambda n: (n,), time=False, memory=False)
+    with pytest.raises(TypeError, match=r"memory must be a bool, got str \('no'\)"):
+        bench.sweep(fns, [1], lambda n: (n,), memory="no")
+    with pytest.raises(TypeError, match="make_inputs must be callable, got tuple"):
+        bench.sweep(fns, [1], (1,))
+    with pytest.raises(TypeError, match="each of sizes must be an int, got float"):
+        bench.sweep(fns, [1.5], lambda n: (n,))
+    with pytest.raises(TypeError, match=r"size_name must be a str, got int \(3\)"):
+        bench.sweep(fns, [1], lambda n: (n,), size_name=3)
+    with pytest.raises(ValueError, match="size_name must be a str other than the table's own"):
+        bench.sweep(fns, [1], lambda n: (n,), size_name="impl")
+    with pytest.raises(ValueError, match="min_run_time must be a positive finite number, got 0"):
+        bench.sweep(fns, [1], lambda n: (n,), min_run_time=0)
+    with pytest.raises(ValueError, match=r"max_size\['a'\] must be positive, got 0"):
+        bench.sweep(fns, [1], lambda n: (n,), max_size={"a": 0})
 
 
 # ------------------------------------------------------------------------------------------- fit
@@ -347,6 +365,13 @@ def test_loglog_fit_is_least_squares():
     assert fit.coefficient == pytest.approx(np.exp(intercept))
 
 
+def test_loglog_fit_lives_in_mha_fit_and_is_reexported():
+    # viz imports the fit from mha.fit; chapters import it from mha.bench. One function, both ways.
+    from mha import fit
+
+    assert bench.loglog_fit is fit.loglog_fit and bench.LogLogFit is fit.LogLogFit
+
+
 def test_loglog_fit_bad_input():
     with pytest.raises(ValueError, match="y must hold positive finite numbers"):
         bench.loglog_fit([1, 2], [1, 0])
@@ -359,8 +384,9 @@ def test_loglog_fit_bad_input():
 
 
 def test_paired_ratio_is_the_median_of_pairs_and_sees_a_real_difference():
-    ratio, slow, fast = bench.paired_ratio(lambda: time.sleep(0.004), lambda: time.sleep(0.001), pairs=3,
-                                           min_run_time=0.01)
+    ratio, slow, fast = bench.paired_ratio(
+        lambda: time.sleep(0.004), lambda: time.sleep(0.001), pairs=3, min_run_time=0.01
+    )
     assert ratio > 1.5  # 4 ms against 1 ms, whatever else the machine does
     assert slow.median > fast.median
     with pytest.raises(ValueError, match="pairs must be positive, got 0"):
