@@ -1,8 +1,8 @@
 """FlashAttention's forward pass in plain PyTorch: online softmax over key/value tiles.
 
-The full ``(L, S)`` score matrix is never built. Keys and values are visited one tile of
-``block_size`` columns at a time (the outer loop of FlashAttention's Algorithm 1); for each tile
-every query row that can see it is updated at once, carrying three running statistics per row:
+The full ``(L, S)`` score matrix is never built. As in FlashAttention-2, the outer loop runs over
+blocks of query rows and the inner loop over tiles of ``block_size`` keys; each tile updates the
+rows that can see it, which carry three running statistics per row:
 
 * ``m``   — the largest score seen so far,
 * ``l``   — the softmax denominator so far, measured relative to ``m``,
@@ -11,7 +11,8 @@ every query row that can see it is updated at once, carrying three running stati
 When a later tile raises the maximum, the old ``l`` and ``acc`` are rescaled by
 ``exp(m_old - m_new)``; at the end ``out = acc / l``. Query blocks that a mask hides from a tile
 entirely (causal attention, sliding windows) are skipped: that is where the speed of causal
-FlashAttention comes from.
+FlashAttention comes from. Tiles are large (128 keys, and 512 query rows per step) because each
+one is a few separate PyTorch calls: fewer, larger calls keep the matrix products efficient.
 """
 
 from __future__ import annotations
@@ -69,54 +70,59 @@ class Tile:
     q1: int
 
 
+QUERY_BLOCKS_PER_STEP = 4  # a step of the loop serves 4 blocks of query rows (see tile_schedule)
+
+
+def _visible_blocks(attn_mask: Tensor, L: int, S: int, block_size: int) -> list[list[bool]]:
+    """``visible[r][c]``: may some row of block ``r`` see some key of tile ``c`` (in any batch)?"""
+    keep = attn_mask if attn_mask.dtype == torch.bool else ~torch.isneginf(attn_mask)
+    while keep.dim() > 2:  # may row i see key j in any batch or head?
+        keep = keep.any(0)
+    n_rows, n_keys = math.ceil(L / block_size), math.ceil(S / block_size)
+    padded = torch.zeros(
+        n_rows * block_size, n_keys * block_size, dtype=torch.bool, device=keep.device
+    )
+    padded[:L, :S] = keep  # broadcasts a (1, S) or (L, 1) mask to (L, S)
+    blocks = padded.view(n_rows, block_size, n_keys, block_size)
+    return blocks.any(3).any(1).tolist()  # one transfer to the host, not one per tile
+
+
 def tile_schedule(
     L: int,
     S: int,
     *,
-    block_size: int = 64,
+    block_size: int = 128,
     is_causal: bool = False,
     attn_mask: Tensor | None = None,
 ) -> list[Tile]:
-    """The tiles :func:`flash_attention` computes, in order; hidden query blocks are left out.
+    """The tiles :func:`flash_attention` computes, in order; hidden ones are left out.
 
-    For every key tile the query rows are cut to whole blocks of ``block_size`` rows and only the
-    span of blocks that can see at least one key of the tile is kept: with ``is_causal`` (top-left
-    alignment) a block of rows ending before the tile starts sees nothing of it; with a mask, a
-    block whose mask entries are all ``False`` (or ``-inf``) for the tile sees nothing of it.
+    The query rows are cut into steps of ``QUERY_BLOCKS_PER_STEP`` blocks of ``block_size`` rows
+    and the keys into tiles of ``block_size`` keys. For each step (the outer loop, as in
+    FlashAttention-2) come the key tiles its rows can see, each with the span of row blocks that
+    see it: with ``is_causal`` (top-left alignment) a block of rows ending before the tile starts
+    sees nothing of it; with a mask, a block whose mask entries are all ``False`` (or ``-inf``)
+    for the tile sees nothing of it. A step's rows and their running state are reused by every
+    key tile, so they stay in the processor's cache.
 
     Shapes:
         attn_mask broadcasts to ``(..., L, S)``.
     """
     block_size = validate.positive_int("block_size", block_size)
-    n_row_blocks = math.ceil(L / block_size)
-    visible = None  # visible[r][c]: may a row of block r see a key of tile c?
-    if attn_mask is not None:
-        keep = attn_mask if attn_mask.dtype == torch.bool else ~torch.isneginf(attn_mask)
-        while keep.dim() > 2:  # may row i see key j in any batch or head?
-            keep = keep.any(0)
-        n_key_tiles = math.ceil(S / block_size)
-        padded = torch.zeros(
-            n_row_blocks * block_size,
-            n_key_tiles * block_size,
-            dtype=torch.bool,
-            device=keep.device,
-        )
-        padded[:L, :S] = keep  # broadcasts a (1, S) or (L, 1) mask to (L, S)
-        blocks = padded.view(n_row_blocks, block_size, n_key_tiles, block_size)
-        visible = blocks.any(3).any(1).tolist()  # one transfer to the host, not one per tile
+    n_blocks = math.ceil(L / block_size)
+    visible = None if attn_mask is None else _visible_blocks(attn_mask, L, S, block_size)
     tiles = []
-    for c, k0 in enumerate(range(0, S, block_size)):
-        rows = range(n_row_blocks)  # row blocks that can see this tile
-        if is_causal:
-            rows = range(k0 // block_size, n_row_blocks)  # row i sees key j only if j <= i
-        if visible is not None:
-            rows = [r for r in rows if visible[r][c]]
-        if not rows:
-            continue
-        first, last = rows[0], rows[-1]
-        tiles.append(
-            Tile(k0, min(k0 + block_size, S), first * block_size, min((last + 1) * block_size, L))
-        )
+    for step in range(0, n_blocks, QUERY_BLOCKS_PER_STEP):
+        step_blocks = range(step, min(step + QUERY_BLOCKS_PER_STEP, n_blocks))
+        for c, k0 in enumerate(range(0, S, block_size)):
+            rows = step_blocks  # the blocks of this step that can see tile c
+            if is_causal:
+                rows = range(max(step, c), step_blocks.stop)  # row i sees key j only if j <= i
+            if visible is not None:
+                rows = [r for r in rows if visible[r][c]]
+            if rows:
+                q0, q1 = rows[0] * block_size, min((rows[-1] + 1) * block_size, L)
+                tiles.append(Tile(k0, min(k0 + block_size, S), q0, q1))
     return tiles
 
 
@@ -128,7 +134,7 @@ def flash_attention(
     is_causal: bool = False,
     *,
     scale: float | None = None,
-    block_size: int = 64,
+    block_size: int = 128,
     enable_gqa: bool = False,
 ) -> Tensor:
     """Tiled attention with an online softmax; same result as scaled dot-product attention.
