@@ -12,78 +12,43 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
+from . import validation as validate
+from .masks import causal_mask
 
 
-def _shape(t: Tensor) -> tuple[int, ...]:
-    return tuple(t.shape)
+def fold_groups(t: Tensor, groups: int) -> Tensor:
+    """View the ``groups`` query heads that share one key/value head as one taller head.
 
-
-def check_qkv(query: object, key: object, value: object) -> None:
-    """Raise ``TypeError``/``ValueError`` unless query, key and value fit together.
-
-    Shapes:
-        query ``(..., L, D)``, key ``(..., S, D)``, value ``(..., S, Dv)`` with the same leading
-        dims: batch dims are never broadcast silently.
+    Grouped-query attention without copying keys: query head ``i`` reads key/value head
+    ``i // groups``, so stacking each group's rows, ``(..., H, R, X) -> (..., H/groups,
+    groups·R, X)``, lets one matmul per key/value head serve the whole group.
     """
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if not t.dtype.is_floating_point:
-            raise TypeError(f"{name} must have a floating dtype, got {t.dtype}")
-        if t.dim() < 2:
-            raise ValueError(f"{name} must have at least 2 dims (..., length, dim), got shape {_shape(t)}")
-    if not (query.dtype == key.dtype == value.dtype):
-        raise TypeError(
-            f"query, key and value must share a dtype, got {query.dtype}, {key.dtype} and {value.dtype}"
-        )
-    if not (query.device == key.device == value.device):
-        raise ValueError(
-            f"query, key and value must be on one device, got {query.device}, {key.device} and {value.device}"
-        )
-    if query.shape[-1] != key.shape[-1]:
-        raise ValueError(
-            f"query and key must have the same head dim, got query {_shape(query)} and key {_shape(key)}"
-        )
-    if key.shape[-2] != value.shape[-2]:
-        raise ValueError(
-            f"key and value must have the same length S, got key {_shape(key)} and value {_shape(value)}"
-        )
-    if not (query.shape[:-2] == key.shape[:-2] == value.shape[:-2]):
-        raise ValueError(
-            "query, key and value must have the same leading (batch) dims, got "
-            f"query {_shape(query)}, key {_shape(key)} and value {_shape(value)}"
-        )
+    if groups == 1:
+        return t
+    *lead, H, R, X = t.shape
+    return t.reshape(*lead, H // groups, groups * R, X)
 
 
-def check_mask(attn_mask: object, target: tuple[int, ...]) -> None:
-    """Raise unless ``attn_mask`` is a bool or float tensor that broadcasts to ``target``.
+def check_arguments(
+    query: object,
+    key: object,
+    value: object,
+    attn_mask: object,
+    is_causal: object,
+    scale: object,
+    enable_gqa: bool,
+) -> tuple[int, float]:
+    """Validate the arguments every attention function shares; return ``(groups, scale)``.
 
-    ``target`` is the shape of the scores, ``(..., L, S)``. The mask may have fewer dims and size-1
-    dims, but it may never *grow* the scores (that would be a silent broadcast of the batch).
+    ``groups`` is ``H // Hkv`` (1 without grouped-query attention); ``scale`` defaults to
+    ``1/sqrt(D)``.
     """
-    if not isinstance(attn_mask, Tensor):
-        raise TypeError(f"attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
-    if attn_mask.dtype != torch.bool and not attn_mask.dtype.is_floating_point:
-        raise TypeError(
-            f"attn_mask must be bool (True = attend) or floating (added to the scores), "
-            f"got dtype {attn_mask.dtype}"
-        )
-    shape = _shape(attn_mask)
-    fits = len(shape) <= len(target) and all(
-        m in (1, t) for m, t in zip(reversed(shape), reversed(target))
-    )
-    if not fits:
-        raise ValueError(f"attn_mask of shape {shape} is not broadcastable to the scores {target}")
-
-
-def check_scale_and_dropout(scale: object, dropout_p: object = 0.0) -> None:
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
-        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    groups = validate.qkv(query, key, value, enable_gqa=enable_gqa)
+    validate.flag("is_causal", is_causal)
+    scale = validate.scale(scale)
+    if attn_mask is not None:
+        validate.attn_mask(attn_mask, (*query.shape[:-1], key.shape[-2]))
+    return groups, 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
 
 
 def softmax(scores: Tensor, dim: int = -1) -> Tensor:
@@ -111,6 +76,7 @@ def scaled_dot_product_attention(
     *,
     scale: float | None = None,
     return_weights: bool = False,
+    enable_gqa: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Attention written out step by step: scores, masks, stable softmax, weighted sum.
 
@@ -126,31 +92,38 @@ def scaled_dot_product_attention(
             ``0..i``). May be combined with ``attn_mask``.
         scale: multiplies the scores; defaults to ``1/sqrt(D)``.
         return_weights: also return the attention weights.
+        enable_gqa: let key and value have fewer heads (dim -3) than query, as in torch: query
+            head ``i`` reads key/value head ``i // (H // Hkv)``, and no head is copied.
 
     Shapes:
         query ``(..., L, D)``, key ``(..., S, D)``, value ``(..., S, Dv)`` with the same leading
-        dims; returns ``(..., L, Dv)``, and with ``return_weights`` also weights ``(..., L, S)``.
+        dims (with ``enable_gqa``: query ``(..., H, L, D)``, key/value ``(..., Hkv, S, ·)``);
+        returns ``(..., L, Dv)``, and with ``return_weights`` also weights ``(..., L, S)``.
 
     A query row whose keys are all masked gets zero weights and a zero output, never NaN, in the
-    forward and backward pass. Float16/bfloat16 scores are upcast to float32 for the softmax.
+    forward and backward pass. Float16/bfloat16 inputs are computed in float32 (scores, softmax
+    and weighted sum) and the results rounded back to the input dtype once, at the end.
     """
-    check_qkv(query, key, value)
-    check_scale_and_dropout(scale, dropout_p)
+    groups, scale = check_arguments(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    validate.probability("dropout_p", dropout_p)
     L, S = query.shape[-2], key.shape[-2]
-    scores_shape = (*query.shape[:-2], L, S)
-    if attn_mask is not None:
-        check_mask(attn_mask, scores_shape)
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores_shape = (*query.shape[:-2], L, S)  # (..., L, S)
 
-    scores = query @ key.transpose(-2, -1)  # (..., L, S)
-    if scores.dtype in _LOW_PRECISION:
-        scores = scores.float()  # softmax statistics in float32
-    scores = scores * scale
+    dtype = query.dtype
+    if dtype in validate.LOW_PRECISION:
+        # Products of float16/bfloat16 numbers are exact in float32, and |q·k| may exceed float16's
+        # range (65504) long before the softmax sees it: compute everything in float32.
+        query, key, value = query.float(), key.float(), value.float()
 
+    q = query * scale  # (..., L, D): scaling L·D numbers is cheaper than scaling L·S scores
+    if groups > 1:  # grouped-query attention (chapter 5): G query heads share each key head,
+        q = fold_groups(
+            q, groups
+        )  # so stack their rows, (..., Hkv, G·L, D), instead of copying keys
+    scores = (q @ key.transpose(-2, -1)).view(scores_shape)  # (..., L, S)
     masked = attn_mask is not None or is_causal
     if is_causal:
-        keep = torch.ones(L, S, dtype=torch.bool, device=query.device).tril()  # (L, S)
-        scores = scores.masked_fill(~keep, float("-inf"))
+        scores = scores.masked_fill(~causal_mask(L, S, device=scores.device), float("-inf"))
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
             scores = scores.masked_fill(~attn_mask, float("-inf"))  # broadcasts to (..., L, S)
@@ -162,6 +135,6 @@ def scaled_dot_product_attention(
     weights = softmax(scores, dim=-1) if masked else torch.softmax(scores, dim=-1)  # (..., L, S)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
-    weights = weights.to(value.dtype)
-    out = weights @ value  # (..., L, Dv)
-    return (out, weights) if return_weights else out
+    out = fold_groups(weights, groups) @ value  # (..., L, Dv); (..., Hkv, G·L, Dv) with groups
+    out = out.view(*query.shape[:-1], value.shape[-1]).to(dtype)  # (..., L, Dv)
+    return (out, weights.to(dtype)) if return_weights else out

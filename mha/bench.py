@@ -8,11 +8,14 @@
   caching allocator's peak counter, on the CPU by replaying the allocation events that
   ``torch.profiler`` records with ``profile_memory=True``.
 * :func:`sweep` runs several implementations over a grid of sizes and returns a :class:`Table`;
-  :func:`loglog_fit` fits ``y ≈ c · x**slope`` to such a curve (slope 2 for memory that grows like
-  ``L²``, slope 1 for ``L``).
+  :func:`loglog_fit` (from :mod:`mha.fit`, importable from here too) fits ``y ≈ c · x**slope`` to
+  such a curve (slope 2 for memory that grows like ``L²``, slope 1 for ``L``).
 
-``python -m mha.bench`` prints the course's performance targets, each a ratio against PyTorch
-measured in one run (``--quick`` for a smoke test, ``--strict`` to exit 1 when a target is missed).
+* :func:`paired_ratio` times two functions in alternating pairs and returns the median of the
+  per-pair ratios, the most robust ratio a shared, noisy machine allows.
+
+``make bench`` (``tools/bench_report.py``) prints the course's performance targets with these
+tools, each a ratio against PyTorch measured in one run.
 
 Printed measurements carry a leading ``~`` (``time ~1.234 ms``): they change from run to run, and
 the notebooks' sanitiser rewrites ``~<number>`` so that stored outputs stay comparable.
@@ -20,10 +23,8 @@ the notebooks' sanitiser rewrites ``~<number>`` so that stored outputs stay comp
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
-import math
 import os
 import re
 import statistics
@@ -37,16 +38,17 @@ from typing import Any
 import torch
 from torch.utils import benchmark
 
+from . import validation as validate
+from .fit import LogLogFit, loglog_fit
+
 __all__ = [
-    "Check",
     "LogLogFit",
     "Table",
     "Timing",
     "compare_times",
     "loglog_fit",
-    "main",
+    "paired_ratio",
     "peak_memory",
-    "run_report",
     "sweep",
     "time_fn",
 ]
@@ -82,18 +84,6 @@ class Timing:
         return f"~{self.ms:.3f} ms (IQR ~{self.iqr * 1e3:.3f} ms, ~{self.runs} runs)"
 
 
-def _positive_float(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
 def _summarise(times: Sequence[float], number: int) -> Timing:
     """Median and IQR of per-call block times."""
     if len(times) >= 2:
@@ -108,8 +98,7 @@ class _Runner:
     """A ``Timer`` for one call pattern plus the block size it settled on."""
 
     def __init__(self, fn: Callable[..., object], args: tuple, kwargs: dict, num_threads: int):
-        if not callable(fn):
-            raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        validate.function("fn", fn)
         self.timer = benchmark.Timer(
             stmt="fn(*args, **kwargs)",
             globals={"fn": fn, "args": args, "kwargs": kwargs},
@@ -137,7 +126,7 @@ def _threads(num_threads: int | None) -> int:
     return (
         torch.get_num_threads()
         if num_threads is None
-        else _positive_int("num_threads", num_threads)
+        else validate.positive_int("num_threads", num_threads)
     )
 
 
@@ -169,13 +158,22 @@ def time_fn(
     To time inference, pass a function decorated with ``@torch.no_grad()``: otherwise autograd's
     bookkeeping (for inputs that require grad) is part of what is measured.
     """
-    min_run_time = _positive_float("min_run_time", min_run_time)
-    min_blocks = _positive_int("min_blocks", min_blocks)
+    min_run_time = validate.positive_float("min_run_time", min_run_time)
+    min_blocks = validate.positive_int("min_blocks", min_blocks)
     runner = _Runner(fn, args, kwargs, _threads(num_threads))
     times = runner.measure(min_run_time)
     while len(times) < min_blocks:
         times.extend(runner.measure(0.0))  # one more block
     return _summarise(times, runner.number or 1)
+
+
+def _check_fns(fns: object) -> Mapping[str, Callable[..., object]]:
+    """A non-empty mapping of name -> callable (what :func:`sweep` and friends measure)."""
+    if not isinstance(fns, Mapping) or not fns:
+        raise ValueError(f"fns must be a non-empty mapping of name -> function, got {fns!r}")
+    for name, fn in fns.items():
+        validate.function(f"fns[{name!r}]", fn)
+    return fns
 
 
 def compare_times(
@@ -200,10 +198,9 @@ def compare_times(
     Returns:
         name -> :class:`Timing`, in the order of ``fns``.
     """
-    if not isinstance(fns, Mapping) or not fns:
-        raise ValueError(f"fns must be a non-empty mapping of name -> function, got {fns!r}")
-    rounds = _positive_int("rounds", rounds)
-    min_run_time = _positive_float("min_run_time", min_run_time)
+    fns = _check_fns(fns)
+    rounds = validate.positive_int("rounds", rounds)
+    min_run_time = validate.positive_float("min_run_time", min_run_time)
     threads = _threads(num_threads)
     runners = {name: _Runner(fn, (), {}, threads) for name, fn in fns.items()}
     times: dict[str, list[float]] = {name: [] for name in fns}
@@ -211,6 +208,42 @@ def compare_times(
         for name, runner in runners.items():
             times[name].extend(runner.measure(min_run_time))
     return {name: _summarise(times[name], runners[name].number or 1) for name in fns}
+
+
+def paired_ratio(
+    numerator: Callable[[], object],
+    denominator: Callable[[], object],
+    *,
+    pairs: int = 7,
+    min_run_time: float = 0.05,
+    num_threads: int | None = None,
+) -> tuple[float, Timing, Timing]:
+    """The median over alternating pairs of ``time(numerator) / time(denominator)``.
+
+    Both are timed one block after the other, ``pairs`` times; each pair gives one ratio. A burst
+    of load on a shared machine then spoils a pair or two, not the median, which is why the
+    course's timing claims are medians of pairs.
+
+    Returns:
+        ``(median ratio, numerator's Timing, denominator's Timing)``.
+    """
+    pairs = validate.positive_int("pairs", pairs)
+    min_run_time = validate.positive_float("min_run_time", min_run_time)
+    threads = _threads(num_threads)
+    a, b = _Runner(numerator, (), {}, threads), _Runner(denominator, (), {}, threads)
+    a_times: list[float] = []
+    b_times: list[float] = []
+    ratios = []
+    for _ in range(pairs):
+        ta, tb = a.measure(min_run_time), b.measure(min_run_time)
+        a_times.extend(ta)
+        b_times.extend(tb)
+        ratios.append(statistics.median(ta) / statistics.median(tb))
+    return (
+        statistics.median(ratios),
+        _summarise(a_times, a.number or 1),
+        _summarise(b_times, b.number or 1),
+    )
 
 
 # --------------------------------------------------------------------------------------- memory
@@ -351,8 +384,8 @@ def peak_memory(
     Returns:
         Peak extra bytes, an ``int`` ``>= 0``.
     """
-    if not callable(fn):
-        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    validate.function("fn", fn)
+    validate.flag("warmup", warmup)
     dev = _find_device(args, kwargs) if device is None else torch.device(device)
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be a cpu or cuda device, got {str(dev)!r}")
@@ -488,6 +521,69 @@ class Table:
         return f"Table({len(self.rows)} rows, columns={self.columns})"
 
 
+def _check_sizes(sizes: Sequence[int]) -> list[int]:
+    sizes = list(sizes)
+    if not sizes:
+        raise ValueError("sizes must not be empty")
+    for s in sizes:
+        validate.positive_int("each of sizes", s)
+    return sizes
+
+
+def _check_size_name(size_name: object) -> str:
+    # The size becomes a column next to "impl" and the measurements: it must not overwrite one.
+    if not isinstance(size_name, str):
+        raise TypeError(f"size_name must be a str, got {type(size_name).__name__} ({size_name!r})")
+    if size_name in ("impl", *_COLUMN_SPECS):
+        raise ValueError(
+            f"size_name must be a str other than the table's own columns, got {size_name!r}"
+        )
+    return size_name
+
+
+def _check_max_size(
+    max_size: Mapping[str, int] | None, fns: Mapping[str, object]
+) -> dict[str, int]:
+    max_size = dict(max_size or {})
+    for name, largest in max_size.items():
+        if name not in fns:
+            raise ValueError(f"max_size names {name!r}, which is not in fns {list(fns)}")
+        validate.positive_int(f"max_size[{name!r}]", largest)
+    return max_size
+
+
+def _split_inputs(inputs: object) -> tuple[tuple, dict[str, Any]]:
+    """``make_inputs``' result as ``(args, kwargs)``: a tuple is positional, a mapping keywords."""
+    if isinstance(inputs, Mapping):
+        return (), dict(inputs)
+    if isinstance(inputs, tuple):
+        return inputs, {}
+    raise TypeError(
+        f"make_inputs must return a tuple of arguments or a dict of keyword arguments, "
+        f"got {type(inputs).__name__}"
+    )
+
+
+def _measure(
+    fn: Callable[..., object],
+    args: tuple,
+    kwargs: dict[str, Any],
+    *,
+    time: bool,
+    memory: bool,
+    min_run_time: float,
+) -> dict[str, Any]:
+    """The measurement columns of one row of :func:`sweep`."""
+    row: dict[str, Any] = {}
+    if time:
+        t = time_fn(fn, *args, min_run_time=min_run_time, **kwargs)
+        row.update(time_s=t.median, iqr_s=t.iqr, runs=t.runs)
+    if memory:
+        # timing already warmed the function up
+        row["peak_bytes"] = peak_memory(fn, *args, warmup=not time, **kwargs)
+    return row
+
+
 def sweep(
     fns: Mapping[str, Callable[..., object]],
     sizes: Sequence[int],
@@ -522,341 +618,27 @@ def sweep(
         A :class:`Table` with columns ``impl``, ``size_name``, then the measurements, ordered by
         size, then by the order of ``fns``.
     """
-    if not isinstance(fns, Mapping) or not fns:
-        raise ValueError(f"fns must be a non-empty mapping of name -> function, got {fns!r}")
-    for name, fn in fns.items():
-        if not callable(fn):
-            raise TypeError(f"fns[{name!r}] must be callable, got {type(fn).__name__}")
-    sizes = list(sizes)
-    if not sizes:
-        raise ValueError("sizes must not be empty")
-    for s in sizes:
-        _positive_int("each of sizes", s)
+    fns, sizes = _check_fns(fns), _check_sizes(sizes)
+    validate.function("make_inputs", make_inputs)
+    time, memory = validate.flag("time", time), validate.flag("memory", memory)
     if not (time or memory):
         raise ValueError("at least one of time and memory must be True")
-    if not isinstance(size_name, str) or size_name in ("impl", *_COLUMN_SPECS):
-        raise ValueError(
-            f"size_name must be a str other than the table's own columns, got {size_name!r}"
-        )
-    max_size = dict(max_size or {})
-    for name in max_size:
-        if name not in fns:
-            raise ValueError(f"max_size names {name!r}, which is not in fns {list(fns)}")
+    size_name = _check_size_name(size_name)
+    min_run_time = validate.positive_float("min_run_time", min_run_time)
+    max_size = _check_max_size(max_size, fns)
+    validate.flag("progress", progress)
 
     plan = [(s, name) for s in sizes for name in fns if s <= max_size.get(name, s)]
     rows = []
     for step, (size, name) in enumerate(plan, 1):
         if progress:
             print(f"\rsweep {step}/{len(plan)}: {name} {size_name}={size}", end="", flush=True)
-        if step == 1 or plan[step - 2][0] != size:
-            inputs = make_inputs(size)
-            if isinstance(inputs, Mapping):
-                args, kwargs = (), dict(inputs)
-            elif isinstance(inputs, tuple):
-                args, kwargs = inputs, {}
-            else:
-                raise TypeError(
-                    f"make_inputs must return a tuple of arguments or a dict of keyword arguments, "
-                    f"got {type(inputs).__name__}"
-                )
-        row: dict[str, Any] = {"impl": name, size_name: size}
-        if time:
-            t = time_fn(fns[name], *args, min_run_time=min_run_time, **kwargs)
-            row.update(time_s=t.median, iqr_s=t.iqr, runs=t.runs)
-        if memory:
-            # timing already warmed the function up
-            row["peak_bytes"] = peak_memory(fns[name], *args, warmup=not time, **kwargs)
-        rows.append(row)
+        if step == 1 or plan[step - 2][0] != size:  # built once per size, shared by every fn
+            args, kwargs = _split_inputs(make_inputs(size))
+        measured = _measure(
+            fns[name], args, kwargs, time=time, memory=memory, min_run_time=min_run_time
+        )
+        rows.append({"impl": name, size_name: size, **measured})
     if progress:
         print(f"\rsweep done: {len(plan)} measurements" + " " * 20, flush=True)
     return Table(rows)
-
-
-# ---------------------------------------------------------------------------------------- slope
-
-
-@dataclass(frozen=True)
-class LogLogFit:
-    """``y ≈ coefficient · x**slope``, fitted by least squares on ``log x``, ``log y``.
-
-    Attributes:
-        slope: the exponent (1 for linear growth, 2 for quadratic).
-        coefficient: the prefactor ``c``.
-    """
-
-    slope: float
-    coefficient: float
-
-    def __call__(self, x: float | Sequence[float]) -> float | list[float]:
-        """The fitted curve at ``x`` (a number or a sequence of numbers)."""
-        if isinstance(x, (int, float)):
-            return self.coefficient * x**self.slope
-        return [self.coefficient * xi**self.slope for xi in x]
-
-
-def _positive_values(name: str, values: object) -> list[float]:
-    if isinstance(values, torch.Tensor):
-        values = values.detach().cpu().tolist()
-    try:
-        out = [float(v) for v in values]  # type: ignore[union-attr]
-    except (TypeError, ValueError):
-        raise TypeError(
-            f"{name} must be a sequence of numbers, got {type(values).__name__}"
-        ) from None
-    for v in out:
-        if not (v > 0 and math.isfinite(v)):
-            raise ValueError(
-                f"{name} must hold positive finite numbers for a log-log fit, got {v!r}"
-            )
-    return out
-
-
-def loglog_fit(x: Sequence[float], y: Sequence[float]) -> LogLogFit:
-    """Fit ``y ≈ c · x**slope`` by least squares on ``(log x, log y)``.
-
-    The slope is how fast ``y`` grows: doubling ``x`` multiplies ``y`` by ``2**slope``. Peak memory
-    of the naive attention has slope ≈ 2 in the sequence length, the tiled one slope ≈ 1.
-
-    Args:
-        x: positive sizes, at least two distinct values.
-        y: positive measurements, one per size.
-
-    Returns:
-        A :class:`LogLogFit` (``slope``, ``coefficient``; call it to evaluate the fitted curve).
-    """
-    xs, ys = _positive_values("x", x), _positive_values("y", y)
-    if len(xs) != len(ys):
-        raise ValueError(f"x and y must have the same length, got {len(xs)} and {len(ys)}")
-    if len(set(xs)) < 2:
-        raise ValueError(f"x must hold at least two distinct values for a fit, got {xs}")
-    lx, ly = [math.log(v) for v in xs], [math.log(v) for v in ys]
-    mx, my = statistics.fmean(lx), statistics.fmean(ly)
-    slope = sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
-    return LogLogFit(slope, math.exp(my - slope * mx))
-
-
-# --------------------------------------------------------------------------------------- report
-
-
-@dataclass(frozen=True)
-class Check:
-    """One line of the performance report.
-
-    Attributes:
-        name: what is compared, with the sizes.
-        value: the measured ratio.
-        target: the bound the ratio must respect.
-        at_most: ``True`` when ``value <= target`` passes, ``False`` when ``value >= target`` does.
-        detail: the measurements the ratio comes from.
-    """
-
-    name: str
-    value: float
-    target: float
-    at_most: bool
-    detail: str
-
-    @property
-    def passed(self) -> bool:
-        """Whether the target is met."""
-        return self.value <= self.target if self.at_most else self.value >= self.target
-
-    def __str__(self) -> str:
-        op = "<=" if self.at_most else ">="
-        status = "PASS" if self.passed else "FAIL"
-        return f"[{status}] {self.name}: ~{self.value:.3f} (target {op} {self.target:g}); {self.detail}"
-
-
-def _randn(shape: tuple[int, ...], device: torch.device, g: torch.Generator) -> torch.Tensor:
-    return torch.randn(shape, generator=g).to(device)  # drawn on the CPU: same numbers everywhere
-
-
-def run_report(
-    *,
-    quick: bool = False,
-    device: str | torch.device = "cpu",
-    log: Callable[[str], None] | None = None,
-) -> list[Check]:
-    """Measure the course's performance targets, each as a ratio against PyTorch in one run.
-
-    Args:
-        quick: small sizes and short timings, a smoke test of the report itself (the targets are
-            meant for the full sizes).
-        device: where to run.
-        log: called with each :class:`Check`'s text as soon as it is measured (e.g. ``print``).
-
-    Returns:
-        The :class:`Check` list: multi-head attention (``backend="sdpa"``) vs
-        ``nn.MultiheadAttention`` at two sizes; flash vs math attention (memory, time) and causal
-        vs full flash; the reference attention vs the same formula written inline.
-    """
-    from torch import nn
-
-    from .attention import scaled_dot_product_attention
-    from .flash import flash_attention
-    from .multihead import MultiHeadAttention
-
-    dev = torch.device(device)
-    g = torch.Generator().manual_seed(0)
-    run_time = 0.02 if quick else 0.3
-    rounds = 1 if quick else 3
-    checks: list[Check] = []
-
-    def add(check: Check) -> None:
-        checks.append(check)
-        if log is not None:
-            log(str(check))
-
-    def ratio_line(a: str, ta: Timing, b: str, tb: Timing) -> str:
-        return f"{a} ~{ta.ms:.3f} ms, {b} ~{tb.ms:.3f} ms"
-
-    # 1. Our module on torch's fused kernel vs torch's own module, same weights, inference.
-    mha_sizes = [(2, 32, 64, 4), (2, 64, 64, 4)] if quick else [(8, 256, 512, 8), (2, 1024, 512, 8)]
-    for B, L, E, H in mha_sizes:
-        theirs = nn.MultiheadAttention(E, H, batch_first=True).to(dev).eval()
-        ours = MultiHeadAttention.from_torch(theirs, backend="sdpa").eval()
-        x = _randn((B, L, E), dev, g)
-
-        @torch.no_grad()
-        def run_ours(ours: nn.Module = ours, x: torch.Tensor = x) -> torch.Tensor:
-            return ours(x)[0]
-
-        @torch.no_grad()
-        def run_theirs(theirs: nn.Module = theirs, x: torch.Tensor = x) -> torch.Tensor:
-            return theirs(x, x, x, need_weights=False)[0]
-
-        torch.testing.assert_close(run_ours(), run_theirs(), atol=1e-4, rtol=1e-4)  # same function
-        t = compare_times(
-            {"ours": run_ours, "torch": run_theirs}, rounds=rounds, min_run_time=run_time
-        )
-        add(
-            Check(
-                f"MultiHeadAttention(backend='sdpa') / nn.MultiheadAttention time, B={B} L={L} E={E} H={H}",
-                t["ours"].median / t["torch"].median,
-                1.0,
-                True,
-                ratio_line("ours", t["ours"], "torch", t["torch"]),
-            )
-        )
-
-    # 2. Tiled vs naive attention at a length where the (L, S) scores dominate memory.
-    B, H, L, D = (1, 2, 256, 16) if quick else (1, 8, 4096, 64)
-    q, k, v = (_randn((B, H, L, D), dev, g) for _ in range(3))
-    with torch.no_grad():
-        torch.testing.assert_close(
-            flash_attention(q, k, v), scaled_dot_product_attention(q, k, v), atol=1e-4, rtol=1e-4
-        )
-        t = compare_times(
-            {
-                "math": lambda: scaled_dot_product_attention(q, k, v),
-                "flash": lambda: flash_attention(q, k, v),
-                "flash_causal": lambda: flash_attention(q, k, v, is_causal=True),
-            },
-            rounds=rounds,
-            min_run_time=run_time,
-        )
-        mem_math = peak_memory(scaled_dot_product_attention, q, k, v, warmup=False)
-        mem_flash = peak_memory(flash_attention, q, k, v, warmup=False)
-    size = f"B={B} H={H} L=S={L} D={D}"
-    add(
-        Check(
-            f"flash_attention / math attention peak memory, {size}",
-            mem_flash / mem_math,
-            0.05,
-            True,
-            f"flash ~{mem_flash / MiB:.1f} MiB, math ~{mem_math / MiB:.1f} MiB",
-        )
-    )
-    add(
-        Check(
-            f"flash_attention / math attention time, {size}",
-            t["flash"].median / t["math"].median,
-            1.0,
-            True,
-            ratio_line("flash", t["flash"], "math", t["math"]),
-        )
-    )
-    add(
-        Check(
-            f"flash_attention speed-up from causal tile skipping (full / causal time), {size}",
-            t["flash"].median / t["flash_causal"].median,
-            1.6,
-            False,
-            ratio_line("full", t["flash"], "causal", t["flash_causal"]),
-        )
-    )
-
-    # 3. The readable reference must not pay for features it does not use.
-    B, H, L, D = (2, 2, 64, 32) if quick else (8, 8, 256, 64)
-    q, k, v = (_randn((B, H, L, D), dev, g) for _ in range(3))
-    scale = 1.0 / math.sqrt(D)
-    with torch.no_grad():
-        t = compare_times(
-            {
-                "mha": lambda: scaled_dot_product_attention(q, k, v),
-                "inline": lambda: torch.softmax(q @ k.transpose(-2, -1) * scale, -1) @ v,
-            },
-            rounds=rounds,
-            min_run_time=run_time,
-        )
-    add(
-        Check(
-            f"mha.scaled_dot_product_attention / inline softmax(q @ k.T * scale) @ v time, B={B} H={H} L=S={L} D={D}",
-            t["mha"].median / t["inline"].median,
-            1.3,
-            True,
-            ratio_line("mha", t["mha"], "inline", t["inline"]),
-        )
-    )
-    return checks
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: print the performance report; return the exit code."""
-    parser = argparse.ArgumentParser(
-        prog="python -m mha.bench",
-        description="Measure mha against PyTorch: each line is a ratio measured in this run.",
-    )
-    parser.add_argument(
-        "--quick", action="store_true", help="small sizes: a smoke test of the report"
-    )
-    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
-    parser.add_argument(
-        "--strict", action="store_true", help="exit with status 1 if a target is missed"
-    )
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch CPU threads (default: torch's own choice, usually one per core)",
-    )
-    args = parser.parse_args(argv)
-    if args.threads is not None:
-        if args.threads <= 0:
-            parser.error(f"--threads must be a positive int, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    try:
-        dev = torch.device(args.device)
-    except RuntimeError:
-        parser.error(f"--device: not a device: {args.device!r}")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: CUDA is not available on this machine")
-    if dev.type not in ("cpu", "cuda"):
-        parser.error(f"--device must be cpu or cuda, got {args.device!r}")
-
-    try:  # other work on the machine inflates timings; say how busy it was
-        load = f", load average ~{os.getloadavg()[0]:.2f}"
-    except (AttributeError, OSError):  # not available on Windows
-        load = ""
-    print(
-        f"mha.bench: torch {torch.__version__}, device {dev}, {torch.get_num_threads()} threads"
-        f"{load}{', quick sizes (smoke test)' if args.quick else ''}"
-    )
-    checks = run_report(quick=args.quick, device=dev, log=lambda line: print(line, flush=True))
-    failed = sum(not c.passed for c in checks)
-    print(f"{len(checks) - failed}/{len(checks)} targets met")
-    return 1 if args.strict and failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

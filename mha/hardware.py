@@ -10,9 +10,10 @@ which of them *can* run for given inputs by forcing each one in turn with
 * :func:`sdpa_backends` — which backends run for one set of SDPA arguments, and which torch picks.
 * :func:`hardware_report` — both, over a few typical inputs, as one table.
 
-Every report has a fixed-format ``str()`` and a ``to_markdown()``. On the CPU they show only what
-does not depend on the particular processor (use ``verbose=True`` for its instruction set and
-thread count), so a notebook that prints them gives the same output on every CPU machine.
+Every report has a fixed-format ``str()``. On the CPU it shows only what does not depend on the
+particular processor (its instruction set and thread count are attributes of
+:class:`DeviceReport`, not printed), so a notebook that prints a report gives the same output on
+every CPU machine.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from . import validation as validate
 
 __all__ = [
     "BackendReport",
@@ -123,7 +126,8 @@ class DeviceReport:
     cpu_capability: str
     num_threads: int
 
-    def _items(self, verbose: bool) -> list[tuple[str, str]]:
+    def _items(self) -> list[tuple[str, str]]:
+        # Only what is the same on every CPU machine: printed notebooks must not change.
         cc = self.compute_capability
         items = [("device", f"{self.device} ({self.name})")]
         if cc is not None:
@@ -136,28 +140,13 @@ class DeviceReport:
             ("cuDNN", str(self.cudnn_version) if self.cudnn_version else "none"),
         ]
         items += [(d.name, f"{'yes' if d.supported else 'no'} ({d.note})") for d in self.dtypes]
-        if verbose:
-            items += [
-                ("CPU instruction set", self.cpu_capability),
-                ("torch threads", str(self.num_threads)),
-            ]
         return items
 
-    def to_text(self, *, verbose: bool = False) -> str:
-        """Fixed-format text, one ``name: value`` per line.
-
-        Args:
-            verbose: add the CPU instruction set and thread count (they vary between machines).
-        """
-        items = self._items(verbose)
+    def to_text(self) -> str:
+        """Fixed-format text, one ``name: value`` per line."""
+        items = self._items()
         width = max(len(k) for k, _ in items)
         return "\n".join(f"{k + ':':<{width + 1}} {v}" for k, v in items)
-
-    def to_markdown(self, *, verbose: bool = False) -> str:
-        """A two-column Markdown table (see :meth:`to_text` for ``verbose``)."""
-        lines = ["| property | value |", "|---|---|"]
-        lines += [f"| {k} | {_md(v)} |" for k, v in self._items(verbose)]
-        return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.to_text()
@@ -307,24 +296,6 @@ class BackendReport:
         ]
         return "\n".join(lines)
 
-    def to_markdown(self) -> str:
-        """A Markdown table: backend, runs, reason."""
-        lines = [
-            f"SDPA backends for {self.inputs}; torch picks **{self.default or 'unknown'}**",
-            "",
-        ]
-        lines += ["| backend | runs | reason |", "|---|---|---|"]
-        lines += [
-            f"| {s.backend} | {'yes' if s.runs else 'no'} | {_md(s.reason)} |"
-            for s in self.backends
-        ]
-        return "\n".join(lines)
-
-
-def _md(text: str) -> str:
-    """Text safe inside a Markdown table cell."""
-    return text.replace("|", "\\|")
-
 
 _TRIGGERED = re.compile(r"\s*\(Triggered internally at .*?\)\s*$", re.DOTALL)
 _HEADER = re.compile(r"kernel not used because:?$")
@@ -398,30 +369,12 @@ def sdpa_backends(
     Returns:
         A :class:`BackendReport`.
     """
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if attn_mask is not None and not isinstance(attn_mask, Tensor):
-        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
-    if (
-        isinstance(dropout_p, bool)
-        or not isinstance(dropout_p, (int, float))
-        or not 0 <= dropout_p < 1
-    ):
-        raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
+    _check_sdpa_args(query, key, value, attn_mask, dropout_p, is_causal, scale)
     backends = _backends()
     if not backends:
         raise RuntimeError(
             f"torch {torch.__version__} has no torch.nn.attention.sdpa_kernel (needs torch >= 2.2)"
         )
-
-    mask = "None" if attn_mask is None else _describe(attn_mask)
-    inputs = (
-        f"query {_describe(query)}, key {_describe(key)}, value {_describe(value)}, attn_mask {mask}, "
-        f"dropout_p {dropout_p}, is_causal {is_causal}"
-        + ("" if scale is None else f", scale {scale}")
-        + f" on {query.device.type}"
-    )
     args = (query, key, value)
     kwargs = {
         "attn_mask": attn_mask,
@@ -430,17 +383,60 @@ def sdpa_backends(
         "scale": scale,
     }
     statuses = tuple(_try_backend(b, args, kwargs, query.device) for b in backends)
+    return BackendReport(_describe_inputs(args, kwargs), _torch_choice(args, kwargs), statuses)
 
-    default = None
-    choose = getattr(
-        torch, "_fused_sdp_choice", None
-    )  # torch's own dispatcher choice (internal API)
-    if choose is not None:
-        try:
-            default = backends[0].__class__(choose(*args, **kwargs)).name
-        except (RuntimeError, TypeError, ValueError):
-            default = None
-    return BackendReport(inputs, default, statuses)
+
+def _check_sdpa_args(
+    query: object,
+    key: object,
+    value: object,
+    attn_mask: object,
+    dropout_p: object,
+    is_causal: object,
+    scale: object,
+) -> None:
+    """Reject arguments of the wrong type or range before any backend runs.
+
+    Only what is wrong whatever the backend: whether shapes, dtypes or a mask suit a backend is
+    exactly what the report finds out, so those mismatches are recorded, not raised.
+    """
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        validate.tensor(name, t)
+    if attn_mask is not None:
+        validate.tensor("attn_mask", attn_mask)
+    validate.probability("dropout_p", dropout_p)
+    validate.flag("is_causal", is_causal)
+    validate.scale(scale)
+
+
+def _describe_inputs(args: tuple[Tensor, Tensor, Tensor], kwargs: Mapping[str, Any]) -> str:
+    """One line naming the shapes, dtypes and options, e.g. ``query (1, 2, 128, 64) float32, ...``."""
+    query, key, value = args
+    scale = kwargs["scale"]
+    return (
+        f"query {_describe(query)}, key {_describe(key)}, value {_describe(value)}, "
+        f"attn_mask {_describe(kwargs['attn_mask'])}, "
+        f"dropout_p {kwargs['dropout_p']}, is_causal {kwargs['is_causal']}"
+        + ("" if scale is None else f", scale {scale}")
+        + f" on {query.device.type}"
+    )
+
+
+def _torch_choice(args: tuple, kwargs: Mapping[str, Any]) -> str | None:
+    """The backend torch's dispatcher picks with every backend allowed; ``None`` if it cannot say.
+
+    ``torch._fused_sdp_choice`` is an internal API: a torch without it, or one that refuses the
+    inputs, leaves the answer unknown rather than failing the report.
+    """
+    from torch.nn.attention import SDPBackend
+
+    choose = getattr(torch, "_fused_sdp_choice", None)
+    if choose is None:
+        return None
+    try:
+        return SDPBackend(choose(*args, **kwargs)).name
+    except (RuntimeError, TypeError, ValueError):
+        return None
 
 
 # ---------------------------------------------------------------------------------------- cases
@@ -513,9 +509,9 @@ class HardwareReport:
             out.append(f"{_SHORT.get(backend, backend)} ({which}): {reason}")
         return out
 
-    def to_text(self, *, verbose: bool = False) -> str:
-        """Fixed-format text (``verbose`` as in :meth:`DeviceReport.to_text`)."""
-        parts = [self.device.to_text(verbose=verbose)]
+    def to_text(self) -> str:
+        """Fixed-format text: the device, the backend matrix, the reasons."""
+        parts = [self.device.to_text()]
         if self.cases:
             header, rows = self._matrix()
             widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
@@ -525,19 +521,6 @@ class HardwareReport:
             reasons = self._reasons()
             if reasons:
                 parts.append("\n".join(["Why not:", *(f"- {r}" for r in reasons)]))
-        return "\n\n".join(parts)
-
-    def to_markdown(self, *, verbose: bool = False) -> str:
-        """Markdown: the device table, the backend matrix and the reasons as a list."""
-        parts = [self.device.to_markdown(verbose=verbose)]
-        if self.cases:
-            header, rows = self._matrix()
-            lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-            lines += ["| " + " | ".join(row) + " |" for row in rows]
-            parts.append("\n".join(lines))
-            reasons = self._reasons()
-            if reasons:
-                parts.append("\n".join(f"- {_md(r)}" for r in reasons))
         return "\n\n".join(parts)
 
     def __str__(self) -> str:

@@ -12,16 +12,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-
-def _check_length(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {value}")
-    return value
+from . import validation as validate
 
 
-def causal_mask(L: int, S: int | None = None, *, device: torch.device | str | None = None) -> Tensor:
+def causal_mask(
+    L: int, S: int | None = None, *, device: torch.device | str | None = None
+) -> Tensor:
     """Keep-mask of causal attention, aligned top-left like PyTorch's ``is_causal=True``.
 
     Query ``i`` may attend to keys ``0..i``. With ``S > L`` the extra keys at the end are never
@@ -36,8 +32,8 @@ def causal_mask(L: int, S: int | None = None, *, device: torch.device | str | No
     Shapes:
         returns ``(L, S)`` bool, ``True`` on and below the diagonal.
     """
-    L = _check_length("L", L)
-    S = L if S is None else _check_length("S", S)
+    L = validate.positive_int("L", L)
+    S = L if S is None else validate.positive_int("S", S)
     return torch.ones(L, S, dtype=torch.bool, device=device).tril()
 
 
@@ -53,8 +49,8 @@ def causal_mask_bottom_right(
     Shapes:
         returns ``(L, S)`` bool.
     """
-    L = _check_length("L", L)
-    S = L if S is None else _check_length("S", S)
+    L = validate.positive_int("L", L)
+    S = L if S is None else validate.positive_int("S", S)
     if S < L:
         raise ValueError(f"bottom-right causal alignment needs S >= L, got L={L} and S={S}")
     return torch.ones(L, S, dtype=torch.bool, device=device).tril(diagonal=S - L)
@@ -83,9 +79,9 @@ def sliding_window_mask(
     Shapes:
         returns ``(L, S)`` bool.
     """
-    L = _check_length("L", L)
-    S = L if S is None else _check_length("S", S)
-    window = _check_length("window", window)
+    L = validate.positive_int("L", L)
+    S = L if S is None else validate.positive_int("S", S)
+    window = validate.positive_int("window", window)
     i = torch.arange(L, device=device)[:, None]  # (L, 1)
     j = torch.arange(S, device=device)[None, :]  # (1, S)
     distance = i - j  # (L, S): how far key j lies behind query i
@@ -104,7 +100,7 @@ def padding_mask(lengths: Tensor | Sequence[int], S: int) -> Tensor:
         lengths: ``(B,)``; returns ``(B, 1, 1, S)`` bool, ``True`` for real tokens, which
         broadcasts over heads and queries to ``(B, H, L, S)``.
     """
-    S = _check_length("S", S)
+    S = validate.positive_int("S", S)
     if not isinstance(lengths, Tensor):
         lengths = torch.as_tensor(list(lengths))
     if lengths.dtype.is_floating_point or lengths.dtype == torch.bool or lengths.is_complex():

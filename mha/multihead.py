@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import check_mask, scaled_dot_product_attention
+from . import validation as validate
+from .attention import scaled_dot_product_attention
 from .flash import flash_attention
 from .masks import causal_mask, causal_mask_bottom_right
 
@@ -36,7 +37,10 @@ class KVCache:
         """Bytes held by the cached keys and values."""
         if self.key is None or self.value is None:
             return 0
-        return self.key.numel() * self.key.element_size() + self.value.numel() * self.value.element_size()
+        return (
+            self.key.numel() * self.key.element_size()
+            + self.value.numel() * self.value.element_size()
+        )
 
     def reset(self) -> None:
         self.key = self.value = None
@@ -59,14 +63,6 @@ class KVCache:
             self.key = torch.cat([self.key, key], dim=-2)  # (B, Hkv, S_old + S_new, D)
             self.value = torch.cat([self.value, value], dim=-2)  # (B, Hkv, S_old + S_new, Dv)
         return self.key, self.value
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {value}")
-    return value
 
 
 class MultiHeadAttention(nn.Module):
@@ -105,21 +101,25 @@ class MultiHeadAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        embed_dim = _positive_int("embed_dim", embed_dim)
-        num_heads = _positive_int("num_heads", num_heads)
+        embed_dim = validate.positive_int("embed_dim", embed_dim)
+        num_heads = validate.positive_int("num_heads", num_heads)
         if embed_dim % num_heads:
-            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
-        num_kv_heads = num_heads if num_kv_heads is None else _positive_int("num_kv_heads", num_kv_heads)
+            raise ValueError(
+                f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})"
+            )
+        num_kv_heads = (
+            num_heads
+            if num_kv_heads is None
+            else validate.positive_int("num_kv_heads", num_kv_heads)
+        )
         if num_heads % num_kv_heads:
             raise ValueError(
                 f"num_heads ({num_heads}) must be divisible by num_kv_heads ({num_kv_heads})"
             )
-        kdim = embed_dim if kdim is None else _positive_int("kdim", kdim)
-        vdim = embed_dim if vdim is None else _positive_int("vdim", vdim)
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-            raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        kdim = embed_dim if kdim is None else validate.positive_int("kdim", kdim)
+        vdim = embed_dim if vdim is None else validate.positive_int("vdim", vdim)
+        dropout = validate.probability("dropout", dropout)
+        validate.one_of("backend", backend, BACKENDS)
         if backend in ("flash", "triton") and dropout > 0:
             raise ValueError(f"backend {backend!r} has no attention dropout; got dropout={dropout}")
 
@@ -132,17 +132,25 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(kdim, kv_width, bias=bias, **factory)
         self.v_proj = nn.Linear(vdim, kv_width, bias=bias, **factory)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self._stacked: tuple[tuple, Tensor, Tensor | None] | None = None  # see _stacked_qkv
 
     def extra_repr(self) -> str:
         kv = "" if self.num_kv_heads == self.num_heads else f", num_kv_heads={self.num_kv_heads}"
-        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}{kv}, backend={self.backend!r}"
+        return (
+            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}{kv}, backend={self.backend!r}"
+        )
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
-        for name, t, width in (("query", query, self.embed_dim), ("key", key, self.kdim), ("value", value, self.vdim)):
-            if not isinstance(t, Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        for name, t, width in (
+            ("query", query, self.embed_dim),
+            ("key", key, self.kdim),
+            ("value", value, self.vdim),
+        ):
+            validate.tensor(name, t, floating=True)
             if t.dim() != 3:
-                raise ValueError(f"{name} must be batch-first (B, length, width), got shape {tuple(t.shape)}")
+                raise ValueError(
+                    f"{name} must be batch-first (B, length, width), got shape {tuple(t.shape)}"
+                )
             if t.shape[-1] != width:
                 raise ValueError(
                     f"{name} must have width {width} ({'embed_dim' if name == 'query' else name[0] + 'dim'}), "
@@ -191,88 +199,137 @@ class MultiHeadAttention(nn.Module):
         key = query if key is None else key
         value = key if value is None else value
         self._check_inputs(query, key, value)
-        B, L, E = query.shape
+        validate.flag("is_causal", is_causal)
+        validate.flag("need_weights", need_weights)
+        q, k, v = self._project(query, key, value)  # (B, H, L, D), (B, Hkv, S, D), (B, Hkv, S, D)
+        if kv_cache is not None:
+            k, v = kv_cache.update(k, v)  # (B, Hkv, S_cached + S, D)
+            if is_causal:  # bottom-right: the L new queries are the last L of the S positions
+                keep = causal_mask_bottom_right(q.shape[-2], k.shape[-2], device=q.device)  # (L, S)
+                attn_mask, is_causal = self._and_mask(attn_mask, keep, q, k), False
+        out, weights = self._attend(q, k, v, attn_mask, is_causal, need_weights)  # (B, H, L, D)
+        return self._merge(out), weights
+
+    def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Project the inputs and split the heads.
+
+        Shapes:
+            query ``(B, L, E)``, key ``(B, S, kdim)``, value ``(B, S, vdim)``; returns
+            q ``(B, H, L, D)``, k ``(B, Hkv, S, D)``, v ``(B, Hkv, S, D)``.
+        """
+        B, L, _ = query.shape
         S = key.shape[1]
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-
-        if key is query and value is query:
-            q, k, v = self._fused_qkv(query)  # self-attention: one matmul instead of three
+        if key is query and value is query:  # self-attention: one matmul instead of three
+            qkv = F.linear(query, *self._stacked_qkv())  # (B, L, E + 2·Hkv·D)
+            q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
         else:
             q, k, v = self.q_proj(query), self.k_proj(key), self.v_proj(value)
         q = q.view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
         k = k.view(B, S, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
         v = v.view(B, S, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
-        if kv_cache is not None:
-            k, v = kv_cache.update(k, v)  # (B, Hkv, S_total, D)
-            S = k.shape[-2]
-            if is_causal:
-                # Bottom-right alignment: the L new queries are the last L of S positions.
-                keep = causal_mask_bottom_right(L, S, device=query.device)  # (L, S)
-                attn_mask = keep if attn_mask is None else self._combine(attn_mask, keep, (B, H, L, S))
-                is_causal = False
-        if Hkv != H:
-            k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, S, D): head i reads kv head i // (H/Hkv)
-            v = v.repeat_interleave(H // Hkv, dim=1)  # (B, H, S, D)
-        if attn_mask is not None:
-            check_mask(attn_mask, (B, H, L, S))
+        return q, k, v
 
-        dropout_p = self.dropout if self.training else 0.0
-        weights = None
-        if need_weights or self.backend == "math":
-            out, weights = scaled_dot_product_attention(
-                q, k, v, attn_mask, dropout_p, is_causal, return_weights=True
-            )  # (B, H, L, D), (B, H, L, S)
-        elif self.backend == "sdpa":
-            if is_causal and attn_mask is not None:  # torch takes one or the other, not both
-                attn_mask = self._combine(attn_mask, causal_mask(L, S, device=q.device), (B, H, L, S))
-                is_causal = False
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal)  # (B, H, L, D)
-        elif self.backend == "flash":
-            out = flash_attention(q, k, v, attn_mask, is_causal)  # (B, H, L, D)
-        else:
-            if attn_mask is not None:
-                raise ValueError("backend 'triton' supports is_causal but no attn_mask; use another backend")
-            from .triton_flash import triton_attention
+    def _stacked_qkv(self) -> tuple[Tensor, Tensor | None]:
+        """The weights of ``q_proj``, ``k_proj`` and ``v_proj`` stacked into one ``(E + 2·Hkv·D, E)``.
 
-            out = triton_attention(q, k, v, is_causal=is_causal)  # (B, H, L, D)
-
-        out = out.transpose(1, 2).reshape(B, L, E)  # concat heads -> (B, L, E)
-        out = self.out_proj(out)  # (B, L, E)
-        return out, (weights if need_weights else None)
-
-    def _fused_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Project ``x`` to queries, keys and values with one matmul on the stacked weights.
-
-        One large matrix multiply uses the hardware better than three smaller ones, and reads
-        ``x`` once. The stacked weight is rebuilt on each call (cheap next to the matmul), so the
-        three ``nn.Linear`` modules remain the single source of the parameters.
-
-        Shapes:
-            x ``(B, L, E)``; returns ``(B, L, E)``, ``(B, L, Hkv·D)``, ``(B, L, Hkv·D)``.
+        The three ``nn.Linear`` modules stay the parameters. While gradients are needed the stack
+        is rebuilt on every call, so that it is part of the autograd graph; at inference it is
+        kept and rebuilt only when a weight changes (new storage or an in-place update), so a
+        decoding step does not copy the weights again for every token.
         """
         projections = (self.q_proj, self.k_proj, self.v_proj)
-        weight = torch.cat([p.weight for p in projections])  # (E + 2·Hkv·D, E)
-        bias = None if self.q_proj.bias is None else torch.cat([p.bias for p in projections])
-        kv_width = self.num_kv_heads * self.head_dim
-        qkv = F.linear(x, weight, bias)  # (B, L, E + 2·Hkv·D)
-        return qkv.split([self.embed_dim, kv_width, kv_width], dim=-1)
+        params = [t for p in projections for t in (p.weight, p.bias) if t is not None]
+
+        def stack() -> tuple[Tensor, Tensor | None]:
+            weight = torch.cat([p.weight for p in projections])  # (E + 2·Hkv·D, E)
+            bias = None if self.q_proj.bias is None else torch.cat([p.bias for p in projections])
+            return weight, bias
+
+        if torch.is_grad_enabled() and any(t.requires_grad for t in params):
+            return stack()
+        stamp = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in params)
+        if self._stacked is None or self._stacked[0] != stamp:
+            with torch.no_grad():
+                self._stacked = (stamp, *stack())
+        return self._stacked[1], self._stacked[2]
+
+    def _attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        attn_mask: Tensor | None,
+        is_causal: bool,
+        need_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attention per head on the chosen backend; grouped key/value heads are never copied.
+
+        Shapes:
+            q ``(B, H, L, D)``, k and v ``(B, Hkv, S, D)``, attn_mask broadcasting to
+            ``(B, H, L, S)``; returns out ``(B, H, L, D)`` and weights ``(B, H, L, S)`` or ``None``.
+        """
+        (B, H, L, _), S = q.shape, k.shape[-2]
+        if attn_mask is not None:
+            validate.attn_mask(attn_mask, (B, H, L, S))
+        gqa = H != self.num_kv_heads
+        dropout_p = self.dropout if self.training else 0.0
+        if need_weights or self.backend == "math":  # only the math path has the weights
+            out, weights = scaled_dot_product_attention(
+                q, k, v, attn_mask, dropout_p, is_causal, return_weights=True, enable_gqa=gqa
+            )  # (B, H, L, D), (B, H, L, S)
+            return out, (weights if need_weights else None)
+        if self.backend == "sdpa":
+            if is_causal and attn_mask is not None:  # torch takes one or the other, not both
+                attn_mask, is_causal = (
+                    self._and_mask(attn_mask, causal_mask(L, S, device=q.device), q, k),
+                    False,
+                )
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask, dropout_p, is_causal, enable_gqa=gqa
+            ), None
+        if self.backend == "flash":
+            return flash_attention(q, k, v, attn_mask, is_causal, enable_gqa=gqa), None
+        if attn_mask is not None:
+            raise ValueError(
+                "backend 'triton' supports is_causal but no attn_mask; use another backend"
+            )
+        from .triton_flash import triton_attention  # optional: triton is an extra
+
+        if gqa:  # the chapter-6 kernel reads one key/value head per query head
+            k, v = (
+                t.repeat_interleave(H // self.num_kv_heads, dim=1) for t in (k, v)
+            )  # (B, H, S, D)
+        return triton_attention(q, k, v, is_causal=is_causal), None
+
+    def _merge(self, out: Tensor) -> Tensor:
+        """Concatenate the heads and mix them with ``W_O``: ``(B, H, L, D) -> (B, L, E)``."""
+        B, H, L, D = out.shape
+        out = out.transpose(1, 2).reshape(B, L, H * D)  # concat heads -> (B, L, E)
+        return self.out_proj(out)  # (B, L, E)
 
     @staticmethod
-    def _combine(attn_mask: Tensor, keep: Tensor, target: tuple[int, ...]) -> Tensor:
-        """Combine a user mask with a bool keep-mask of shape ``(L, S)``."""
-        check_mask(attn_mask, target)
+    def _and_mask(attn_mask: Tensor | None, keep: Tensor, q: Tensor, k: Tensor) -> Tensor:
+        """Combine a user mask (bool keep-mask or float bias) with a bool keep-mask ``(L, S)``."""
+        if attn_mask is None:
+            return keep
+        validate.attn_mask(attn_mask, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
         if attn_mask.dtype == torch.bool:
             return attn_mask & keep
         return attn_mask.masked_fill(~keep, float("-inf"))
 
     @classmethod
-    def from_torch(cls, module: nn.MultiheadAttention, *, backend: str = "math") -> MultiHeadAttention:
+    def from_torch(
+        cls, module: nn.MultiheadAttention, *, backend: str = "math"
+    ) -> MultiHeadAttention:
         """Build a :class:`MultiHeadAttention` with the weights of a ``nn.MultiheadAttention``.
 
         The module must be batch-first. Its bool masks mean "masked out"; pass ``~mask`` to ours.
         """
         if not isinstance(module, nn.MultiheadAttention):
-            raise TypeError(f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}")
+            raise TypeError(
+                f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}"
+            )
         if not module.batch_first:
             raise ValueError("module must be built with batch_first=True (ours is batch-first)")
         if module.bias_k is not None or module.add_zero_attn:
@@ -298,7 +355,9 @@ class MultiHeadAttention(nn.Module):
             for proj, w in ((ours.q_proj, q_w), (ours.k_proj, k_w), (ours.v_proj, v_w)):
                 proj.weight.copy_(w)
             if module.in_proj_bias is not None:
-                for proj, b in zip((ours.q_proj, ours.k_proj, ours.v_proj), module.in_proj_bias.split(E)):
+                for proj, b in zip(
+                    (ours.q_proj, ours.k_proj, ours.v_proj), module.in_proj_bias.split(E)
+                ):
                     proj.bias.copy_(b)
             ours.out_proj.weight.copy_(module.out_proj.weight)
             if module.out_proj.bias is not None:

@@ -33,6 +33,8 @@ import math
 import torch
 from torch import Tensor
 
+from . import validation as validate
+
 try:
     import triton
     import triton.language as tl
@@ -232,48 +234,57 @@ def causal_kv_end(start_m: int, block_m: int, L: int, S: int) -> int:
 
 
 def _check_block(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    validate.positive_int(name, value)
     if value < 16 or value & (value - 1):
         raise ValueError(f"{name} must be a power of two >= 16 (tl.dot needs it), got {value}")
     return value
 
 
 def _check_inputs(query: Tensor, key: Tensor, value: Tensor) -> None:
+    """What the kernel needs beyond :func:`mha.validation.qkv`: 4-D, its dtypes, D = Dv <= 128."""
     for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (B, H, L|S, D), got shape {tuple(t.shape)}")
+        validate.tensor(name, t, ndim=4, layout="(B, H, L|S, D)")
         if t.dtype not in SUPPORTED_DTYPES:
             raise TypeError(
                 f"{name} must be float16, bfloat16 or float32, got {t.dtype} "
                 f"(shape {tuple(t.shape)})"
             )
-    if not query.dtype == key.dtype == value.dtype:
-        raise TypeError(
-            "query, key and value must share a dtype, got "
-            f"{query.dtype}, {key.dtype} and {value.dtype}"
-        )
-    if not query.device == key.device == value.device:
-        raise ValueError(
-            "query, key and value must be on one device, got "
-            f"{query.device}, {key.device} and {value.device}"
-        )
-    if key.shape != value.shape:
+    # one dtype and device, equal head dims of query and key, equal (B, H) everywhere
+    validate.qkv(query, key, value)
+    if key.shape != value.shape:  # the kernel has one head dim for keys and values (Dv = D)
         raise ValueError(
             f"key and value must have the same shape (B, H, S, D), got key {tuple(key.shape)} "
             f"and value {tuple(value.shape)}"
-        )
-    if query.shape[:2] != key.shape[:2] or query.shape[-1] != key.shape[-1]:
-        raise ValueError(
-            "query and key must agree on batch, heads and head dim (B, H, ., D), got query "
-            f"{tuple(query.shape)} and key {tuple(key.shape)}"
         )
     D = query.shape[-1]
     if not 1 <= D <= MAX_HEAD_DIM:
         raise ValueError(
             f"head dim D must be in [1, {MAX_HEAD_DIM}], got D={D} (query {tuple(query.shape)})"
+        )
+
+
+def _check_device(query: Tensor, interpreted: bool) -> None:
+    """Fail with what to do when the tensors are where the compiled kernel cannot run."""
+    if query.device.type == "cpu" and not interpreted:
+        raise RuntimeError(
+            "query is on the CPU, but the Triton kernel was compiled for a GPU. Move the "
+            "tensors to the GPU, or run the kernel in Triton's interpreter: set "
+            "os.environ['TRITON_INTERPRET'] = '1' before the first `import triton` (importing "
+            "mha.triton_flash imports triton), then restart Python."
+        )
+    if (
+        query.device.type == "cuda"
+        and not interpreted
+        and query.dtype == torch.bfloat16
+        and torch.version.hip is None
+        and torch.cuda.get_device_capability(query.device) < (8, 0)
+    ):
+        # Pre-Ampere NVIDIA GPUs have no bfloat16 tensor cores: say so here, with the fix,
+        # rather than fail deep inside Triton's compiler.
+        major, minor = torch.cuda.get_device_capability(query.device)
+        raise TypeError(
+            "bfloat16 needs an NVIDIA GPU of compute capability 8.0 or newer (Ampere), this "
+            f"one is {major}.{minor}; use float16 (query {tuple(query.shape)}, {query.dtype})"
         )
 
 
@@ -313,39 +324,17 @@ def triton_attention(
     """
     _require_triton()
     _check_inputs(query, key, value)
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    if scale is not None and (
-        isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)
-    ):
-        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
+    is_causal = validate.flag("is_causal", is_causal)
+    scale = validate.scale(scale)
     D = query.shape[-1]
     interpreted = is_interpreted()
     _check_mode(interpreted)
-    if query.device.type == "cpu" and not interpreted:
-        raise RuntimeError(
-            "query is on the CPU, but the Triton kernel was compiled for a GPU. Move the "
-            "tensors to the GPU, or run the kernel in Triton's interpreter: set "
-            "os.environ['TRITON_INTERPRET'] = '1' before the first `import triton` (importing "
-            "mha.triton_flash imports triton), then restart Python."
-        )
-    if (
-        query.device.type == "cuda"
-        and not interpreted
-        and query.dtype == torch.bfloat16
-        and torch.version.hip is None
-        and torch.cuda.get_device_capability(query.device) < (8, 0)
-    ):
-        major, minor = torch.cuda.get_device_capability(query.device)
-        raise TypeError(
-            "bfloat16 needs an NVIDIA GPU of compute capability 8.0 or newer (Ampere), this "
-            f"one is {major}.{minor}; use float16 (query {tuple(query.shape)}, {query.dtype})"
-        )
+    _check_device(query, interpreted)
     tuned = block_m is None and block_n is None  # we chose the tiles, so we may shrink them
     default_m, default_n = default_blocks(D, query.dtype)
     block_m = _check_block("block_m", default_m if block_m is None else block_m)
     block_n = _check_block("block_n", default_n if block_n is None else block_n)
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
 
     out = torch.empty_like(query, memory_format=torch.contiguous_format)  # (B, H, L, D)
     if out.numel() == 0:
@@ -355,10 +344,20 @@ def triton_attention(
             _launch(query, key, value, out, is_causal, scale, block_m, block_n, interpreted)
             return out
         except triton.runtime.errors.OutOfResources:
-            # A GPU with less shared memory than the defaults assume (64 KiB): halve the tiles.
+            # A GPU with less shared memory than the defaults assume (64 KiB): smaller tiles.
             if not tuned or block_m == block_n == 16:
                 raise
-            block_n, block_m = (block_n // 2, block_m) if block_n > 16 else (block_n, block_m // 2)
+            block_m, block_n = _halve_tiles(block_m, block_n)
+
+
+def _halve_tiles(block_m: int, block_n: int) -> tuple[int, int]:
+    """The next smaller tiles to try: narrower key tiles first, down to 16, then fewer rows.
+
+    The key/value tiles are what the pipeline keeps several copies of in shared memory.
+    """
+    if block_n > 16:
+        return block_m, block_n // 2
+    return block_m // 2, block_n
 
 
 def _launch(

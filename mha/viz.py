@@ -18,7 +18,8 @@ from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 from matplotlib.ticker import NullLocator
 
-from .bench import loglog_fit
+from . import validation as validate
+from .fit import loglog_fit
 
 __all__ = [
     "attention_heads",
@@ -62,6 +63,16 @@ def _check_labels(name: str, labels: Sequence[str] | None, n: int, what: str) ->
     return labels
 
 
+def _check_axis_labels(
+    query_labels: Sequence[str] | None, key_labels: Sequence[str] | None, L: int, S: int, of: str
+) -> tuple[list[str] | None, list[str] | None]:
+    """One label per row (query) and per column (key) of the ``(L, S)`` matrix named ``of``."""
+    return (
+        _check_labels("query_labels", query_labels, L, f"queries (rows of {of})"),
+        _check_labels("key_labels", key_labels, S, f"keys (columns of {of})"),
+    )
+
+
 def _new_ax(ax: Axes | None, figsize: tuple[float, float] | None = None) -> Axes:
     if ax is None:
         _, ax = plt.subplots(figsize=figsize, layout="constrained")
@@ -88,6 +99,25 @@ def _annotate(ax: Axes, values: np.ndarray, fmt: str, high: float) -> None:
             v = values[i, j]
             color = "white" if v < high else "black"
             ax.text(j, i, format(v, fmt), ha="center", va="center", color=color, fontsize=8)
+
+
+def _cell_lines(ax: Axes, rows: int, cols: int, linewidth: float) -> None:
+    """Thin white lines between cells, so that single positions (or tiles) can be counted."""
+    ax.set_xticks(np.arange(-0.5, cols, 1), minor=True)
+    ax.set_yticks(np.arange(-0.5, rows, 1), minor=True)
+    ax.grid(which="minor", color="white", linewidth=linewidth)
+    ax.tick_params(which="minor", length=0)
+
+
+def _side_legend(ax: Axes, handles: list[Patch]) -> None:
+    """A legend to the right of the axes, outside them, so that it covers no cell."""
+    ax.legend(
+        handles=handles,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=8,
+        frameon=False,
+    )
 
 
 def attention_heatmap(
@@ -130,8 +160,7 @@ def attention_heatmap(
     if w.ndim != 2:
         raise ValueError(f"weights must be 2-D (L, S) for one head, got shape {w.shape}")
     L, S = w.shape
-    query_labels = _check_labels("query_labels", query_labels, L, "queries (rows of weights)")
-    key_labels = _check_labels("key_labels", key_labels, S, "keys (columns of weights)")
+    query_labels, key_labels = _check_axis_labels(query_labels, key_labels, L, S, "weights")
     ax = _new_ax(ax)
     w = w.astype(float)
     im = ax.imshow(w, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
@@ -184,40 +213,12 @@ def attention_heads(
     if w.ndim != 3:
         raise ValueError(f"weights must be 3-D (H, L, S), got shape {w.shape}")
     H, L, S = w.shape
-    query_labels = _check_labels("query_labels", query_labels, L, "queries (rows of weights)")
-    key_labels = _check_labels("key_labels", key_labels, S, "keys (columns of weights)")
+    query_labels, key_labels = _check_axis_labels(query_labels, key_labels, L, S, "weights")
     titles = _check_labels("titles", titles, H, "heads") or [f"head {h}" for h in range(H)]
-    if axes is None:
-        if ncols is not None and (
-            isinstance(ncols, bool) or not isinstance(ncols, int) or ncols <= 0
-        ):
-            raise ValueError(f"ncols must be a positive int, got {ncols!r}")
-        ncols = min(H, 4) if ncols is None else min(ncols, H)
-        nrows = -(-H // ncols)
-        fig, grid = plt.subplots(
-            nrows,
-            ncols,
-            figsize=(panel_size * ncols + 1.0, panel_size * nrows),
-            squeeze=False,
-            layout="constrained",
-        )
-        flat = grid.ravel()
-        for extra in flat[H:]:
-            extra.set_visible(False)
-        axes_used = flat[:H]
-    else:
-        flat = np.asarray(axes, dtype=object).ravel()
-        if len(flat) < H or not all(isinstance(a, Axes) for a in flat):
-            raise ValueError(
-                f"axes must hold at least {H} matplotlib Axes (one per head), got {len(flat)} items"
-            )
-        axes_used = flat[:H]
-        fig = axes_used[0].figure
+    axes_used, grid_cols = _head_axes(axes, H, ncols, panel_size)
+    # One color scale for all heads, so that equal colors mean equal weights across panels.
     vmax = float(w.max()) if w.size else 1.0
     for h, ax in enumerate(axes_used):
-        # In a grid made here, only the outer panels carry tick labels and axis names.
-        first_col = axes is not None or h % ncols == 0
-        bottom = axes is not None or h + ncols >= H
         attention_heatmap(
             w[h],
             query_labels=query_labels,
@@ -231,13 +232,62 @@ def attention_heads(
             cmap=cmap,
             title=titles[h],
         )
-        if not first_col:
-            ax.set_ylabel("")
-            ax.tick_params(labelleft=False)
-        if not bottom:
-            ax.set_xlabel("")
-    fig.colorbar(axes_used[0].images[0], ax=list(axes_used))
+        if grid_cols is not None:
+            _outer_labels_only(ax, h, H, grid_cols)
+    axes_used[0].figure.colorbar(axes_used[0].images[0], ax=list(axes_used))
     return np.asarray(axes_used, dtype=object)
+
+
+def _head_axes(
+    axes: Sequence[Axes] | np.ndarray | None, H: int, ncols: int | None, panel_size: float
+) -> tuple[np.ndarray, int | None]:
+    """The ``H`` Axes to draw the heads into, and the column count of the grid if it is made here.
+
+    The caller's Axes (any array shape) come with ``None``: their layout is the caller's, so
+    every panel keeps its labels.
+    """
+    if axes is None:
+        return _heads_grid(H, ncols, panel_size)
+    flat = np.asarray(axes, dtype=object).ravel()
+    if len(flat) < H or not all(isinstance(a, Axes) for a in flat):
+        raise ValueError(
+            f"axes must hold at least {H} matplotlib Axes (one per head), got {len(flat)} items"
+        )
+    return flat[:H], None
+
+
+def _heads_grid(H: int, ncols: int | None, panel_size: float) -> tuple[np.ndarray, int]:
+    """The first ``H`` panels of a new grid of ``ncols`` columns (default up to 4), and ``ncols``.
+
+    The panels of the last row that no head needs are hidden.
+    """
+    if ncols is not None:
+        validate.positive_int("ncols", ncols)
+    ncols = min(H, 4) if ncols is None else min(ncols, H)
+    nrows = -(-H // ncols)
+    _, grid = plt.subplots(
+        nrows,
+        ncols,
+        figsize=(panel_size * ncols + 1.0, panel_size * nrows),
+        squeeze=False,
+        layout="constrained",
+    )
+    flat = grid.ravel()
+    for extra in flat[H:]:
+        extra.set_visible(False)
+    return flat[:H], ncols
+
+
+def _outer_labels_only(ax: Axes, h: int, H: int, ncols: int) -> None:
+    """In a grid made here, only the outer panels keep tick labels and axis names.
+
+    Every panel shows the same tokens, so repeating them inside the grid only adds clutter.
+    """
+    if h % ncols != 0:  # not in the first column
+        ax.set_ylabel("")
+        ax.tick_params(labelleft=False)
+    if h + ncols < H:  # a panel below it holds a head too
+        ax.set_xlabel("")
 
 
 def mask_heatmap(
@@ -266,6 +316,30 @@ def mask_heatmap(
     Returns:
         The ``Axes``: one image and a legend naming the two colors.
     """
+    m = _as_keep_mask(mask)
+    L, S = m.shape
+    query_labels, key_labels = _check_axis_labels(query_labels, key_labels, L, S, "mask")
+    ax = _new_ax(ax)
+    hidden, keep = "#f0f0f0", "#3b6fb6"
+    ax.imshow(m.astype(float), cmap=ListedColormap([hidden, keep]), vmin=0, vmax=1, aspect="auto")
+    _set_ticks(ax, query_labels, key_labels)
+    ax.set_xlabel("key")
+    ax.set_ylabel("query")
+    _cell_lines(ax, L, S, linewidth=0.8)
+    if annotate:
+        _annotate_mask(ax, m)
+    _side_legend(
+        ax,
+        [Patch(color=keep, label="attend (True)"), Patch(color=hidden, label="masked (False)")],
+    )
+    if title is not None:
+        ax.set_title(title)
+    return ax
+
+
+def _as_keep_mask(mask: torch.Tensor | np.ndarray) -> np.ndarray:
+    """The mask as a bool array ``(L, S)``; a padding mask ``(S,)`` becomes one row ``(1, S)``."""
+    # A float mask is an additive bias, not a keep-mask: drawing it as one would mislead.
     if isinstance(mask, torch.Tensor) and mask.dtype != torch.bool:
         raise TypeError(f"mask must be a bool keep-mask, got dtype {mask.dtype}")
     m = _squeeze_leading(_to_numpy("mask", mask), 2)
@@ -277,45 +351,22 @@ def mask_heatmap(
         raise ValueError(
             f"mask must be (L, S) after dropping size-1 leading dims, got shape {m.shape}"
         )
-    L, S = m.shape
-    query_labels = _check_labels("query_labels", query_labels, L, "queries (rows of mask)")
-    key_labels = _check_labels("key_labels", key_labels, S, "keys (columns of mask)")
-    ax = _new_ax(ax)
-    hidden, keep = "#f0f0f0", "#3b6fb6"
-    ax.imshow(m.astype(float), cmap=ListedColormap([hidden, keep]), vmin=0, vmax=1, aspect="auto")
-    _set_ticks(ax, query_labels, key_labels)
-    ax.set_xlabel("key")
-    ax.set_ylabel("query")
-    # thin white lines between cells make individual positions countable
-    ax.set_xticks(np.arange(-0.5, S, 1), minor=True)
-    ax.set_yticks(np.arange(-0.5, L, 1), minor=True)
-    ax.grid(which="minor", color="white", linewidth=0.8)
-    ax.tick_params(which="minor", length=0)
-    if annotate:
-        for i in range(L):
-            for j in range(S):
-                ax.text(
-                    j,
-                    i,
-                    "1" if m[i, j] else "0",
-                    ha="center",
-                    va="center",
-                    color="white" if m[i, j] else "black",
-                    fontsize=8,
-                )
-    ax.legend(
-        handles=[
-            Patch(color=keep, label="attend (True)"),
-            Patch(color=hidden, label="masked (False)"),
-        ],
-        loc="upper left",
-        bbox_to_anchor=(1.01, 1.0),
-        fontsize=8,
-        frameon=False,
-    )
-    if title is not None:
-        ax.set_title(title)
-    return ax
+    return m
+
+
+def _annotate_mask(ax: Axes, m: np.ndarray) -> None:
+    """Write 1 or 0 in each cell, in white on the dark (kept) cells and black on the light ones."""
+    for i in range(m.shape[0]):
+        for j in range(m.shape[1]):
+            ax.text(
+                j,
+                i,
+                "1" if m[i, j] else "0",
+                ha="center",
+                va="center",
+                color="white" if m[i, j] else "black",
+                fontsize=8,
+            )
 
 
 def loglog_curves(
@@ -351,11 +402,7 @@ def loglog_curves(
         )
     ax = _new_ax(ax)
     for name, values in ys.items():
-        vals = list(values.detach().cpu().tolist() if isinstance(values, torch.Tensor) else values)
-        if len(vals) != len(xs):
-            raise ValueError(f"ys[{name!r}] has {len(vals)} values but x has {len(xs)}")
-        pts = [(a, float(b)) for a, b in zip(xs, vals) if b is not None]
-        px, py = [p[0] for p in pts], [p[1] for p in pts]
+        px, py = _curve_points(name, values, xs)
         label = name
         if fit:
             f = loglog_fit(px, py)
@@ -366,10 +413,7 @@ def loglog_curves(
     ax.set_xscale("log")
     ax.set_yscale("log")
     if len(set(xs)) <= 12:
-        # Label the measured sizes themselves (256, 512, ...) rather than powers of ten.
-        ticks = sorted(set(xs))
-        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
-        ax.xaxis.set_minor_locator(NullLocator())
+        _label_measured_sizes(ax, xs)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(True, which="both", alpha=0.3)
@@ -377,6 +421,26 @@ def loglog_curves(
     if title is not None:
         ax.set_title(title)
     return ax
+
+
+def _curve_points(name: str, values: object, xs: list[float]) -> tuple[list[float], list[float]]:
+    """The ``(x, y)`` points of one curve, without the sizes it skipped (``None``)."""
+    vals = list(values.detach().cpu().tolist() if isinstance(values, torch.Tensor) else values)
+    if len(vals) != len(xs):
+        raise ValueError(f"ys[{name!r}] has {len(vals)} values but x has {len(xs)}")
+    pts = [(a, float(b)) for a, b in zip(xs, vals) if b is not None]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _label_measured_sizes(ax: Axes, xs: list[float]) -> None:
+    """Label the measured sizes themselves (256, 512, ...) rather than powers of ten."""
+    ticks = sorted(set(xs))
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
+# Light grey for the first category (usually "skipped"), then colors that stand apart from it.
+_PALETTE = ["#e8e8e8", "#3b6fb6", "#f28e2b", "#59a14f", "#b07aa1", "#e15759"]
 
 
 def tile_grid(
@@ -412,6 +476,30 @@ def tile_grid(
         The ``Axes``: one image, a legend with one entry per category, one text per tile when
         ``text`` is given.
     """
+    # Every check comes before drawing, so a bad argument leaves no half-drawn figure behind.
+    s, categories = _check_status(status, categories)
+    colors = list(colors) if colors is not None else _PALETTE[: len(categories)]
+    if len(colors) != len(categories):
+        raise ValueError(f"colors has {len(colors)} entries but categories has {len(categories)}")
+    nq, nk = s.shape
+    token_lengths = None if block_size is None else _tile_lengths(nq, nk, block_size, lengths)
+    t = None if text is None else np.asarray(text, dtype=object)
+    if t is not None and t.shape != s.shape:
+        raise ValueError(f"text must have the shape of status {s.shape}, got {t.shape}")
+    ax = _new_ax(ax)
+    ax.imshow(s, cmap=ListedColormap(colors), vmin=-0.5, vmax=len(categories) - 0.5, aspect="equal")
+    _cell_lines(ax, nq, nk, linewidth=2)
+    _tile_ticks(ax, nq, nk, block_size, token_lengths)
+    if t is not None:
+        _write_in_tiles(ax, t)
+    _side_legend(ax, [Patch(color=c, label=name) for c, name in zip(colors, categories)])
+    if title is not None:
+        ax.set_title(title)
+    return ax
+
+
+def _check_status(status: object, categories: Sequence[str]) -> tuple[np.ndarray, list[str]]:
+    """``status`` as a 2-D integer array whose values index ``categories``, and their names."""
     s = _to_numpy("status", status)
     if s.ndim != 2:
         raise ValueError(f"status must be 2-D (query blocks, key blocks), got shape {s.shape}")
@@ -426,56 +514,49 @@ def tile_grid(
         raise ValueError(
             f"status values must index categories (0..{len(categories) - 1}), got values {s.min()}..{s.max()}"
         )
-    palette = ["#e8e8e8", "#3b6fb6", "#f28e2b", "#59a14f", "#b07aa1", "#e15759"]
-    colors = list(colors) if colors is not None else palette[: len(categories)]
-    if len(colors) != len(categories):
-        raise ValueError(f"colors has {len(colors)} entries but categories has {len(categories)}")
-    nq, nk = s.shape
-    ax = _new_ax(ax)
-    ax.imshow(s, cmap=ListedColormap(colors), vmin=-0.5, vmax=len(categories) - 0.5, aspect="equal")
-    ax.set_xticks(np.arange(-0.5, nk, 1), minor=True)
-    ax.set_yticks(np.arange(-0.5, nq, 1), minor=True)
-    ax.grid(which="minor", color="white", linewidth=2)
-    ax.tick_params(which="minor", length=0)
-    if block_size is not None:
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
-            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-        L, S = (nq * block_size, nk * block_size) if lengths is None else lengths
-        if (
-            not (nq - 1) * block_size < L <= nq * block_size
-            or not (nk - 1) * block_size < S <= nk * block_size
-        ):
-            raise ValueError(
-                f"lengths {lengths} do not fit {nq} x {nk} tiles of block_size {block_size}"
-            )
+    return s, categories
 
-        def spans(n: int, total: int) -> list[str]:
-            return [f"{j * block_size}-{min((j + 1) * block_size, total) - 1}" for j in range(n)]
 
-        ax.set_xticks(range(nk), spans(nk, S), rotation=45)
-        ax.set_yticks(range(nq), spans(nq, L))
-        ax.set_xlabel("key positions (tile)")
-        ax.set_ylabel("query positions (tile)")
-    else:
+def _tile_lengths(
+    nq: int, nk: int, block_size: int, lengths: tuple[int, int] | None
+) -> tuple[int, int]:
+    """``(L, S)``: the given lengths, checked to fill the last tile of each axis, else whole tiles."""
+    validate.positive_int("block_size", block_size)
+    L, S = (nq * block_size, nk * block_size) if lengths is None else lengths
+    if (
+        not (nq - 1) * block_size < L <= nq * block_size
+        or not (nk - 1) * block_size < S <= nk * block_size
+    ):
+        raise ValueError(
+            f"lengths {lengths} do not fit {nq} x {nk} tiles of block_size {block_size}"
+        )
+    return L, S
+
+
+def _tile_ticks(
+    ax: Axes, nq: int, nk: int, block_size: int | None, lengths: tuple[int, int] | None
+) -> None:
+    """Label the tiles by their token ranges (``0-63``) with a block size, else by index."""
+    if block_size is None:
         ax.set_xticks(range(nk))
         ax.set_yticks(range(nq))
         ax.set_xlabel("key block")
         ax.set_ylabel("query block")
-    if text is not None:
-        t = np.asarray(text, dtype=object)
-        if t.shape != s.shape:
-            raise ValueError(f"text must have the shape of status {s.shape}, got {t.shape}")
-        for i in range(nq):
-            for j in range(nk):
-                if t[i, j] not in (None, ""):
-                    ax.text(j, i, str(t[i, j]), ha="center", va="center", fontsize=8)
-    ax.legend(
-        handles=[Patch(color=c, label=name) for c, name in zip(colors, categories)],
-        loc="upper left",
-        bbox_to_anchor=(1.01, 1.0),
-        fontsize=8,
-        frameon=False,
-    )
-    if title is not None:
-        ax.set_title(title)
-    return ax
+        return
+    L, S = lengths
+    ax.set_xticks(range(nk), _token_spans(nk, S, block_size), rotation=45)
+    ax.set_yticks(range(nq), _token_spans(nq, L, block_size))
+    ax.set_xlabel("key positions (tile)")
+    ax.set_ylabel("query positions (tile)")
+
+
+def _token_spans(n: int, total: int, block_size: int) -> list[str]:
+    """``first-last`` token of each of ``n`` tiles; the last (ragged) tile ends at ``total - 1``."""
+    return [f"{j * block_size}-{min((j + 1) * block_size, total) - 1}" for j in range(n)]
+
+
+def _write_in_tiles(ax: Axes, text: np.ndarray) -> None:
+    """Write each tile's text in its cell; ``None`` and ``""`` leave the tile blank."""
+    for i, j in np.ndindex(text.shape):
+        if text[i, j] not in (None, ""):
+            ax.text(j, i, str(text[i, j]), ha="center", va="center", fontsize=8)

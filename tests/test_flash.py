@@ -109,3 +109,23 @@ def test_low_precision_error_vs_float64_golden_is_no_worse_than_torch(dtype):
     err_ours = (ours.double() - golden).abs().max()
     err_torch = (theirs.double() - golden).abs().max()
     assert err_ours <= 3 * err_torch + torch.finfo(dtype).eps, (err_ours, err_torch)
+
+
+@pytest.mark.parametrize("L,S,block", [(1000, 1000, 64), (300, 700, 32), (700, 300, 48)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_schedule_runs_query_steps_outer_and_covers_every_kept_pair(L, S, block, is_causal):
+    keep = mha.sliding_window_mask(L, S, window=90) | (torch.rand(L, S, generator=torch.Generator().manual_seed(1)) > 0.999)
+    tiles = mha.tile_schedule(L, S, block_size=block, is_causal=is_causal, attn_mask=keep)
+    step = mha.flash.QUERY_BLOCKS_PER_STEP * block
+    starts = [t.q0 // step for t in tiles]
+    assert starts == sorted(starts)  # FlashAttention-2 order: one step of query rows at a time
+    assert all(t.q1 - t.q0 <= step and (t.q1 - 1) // step == t.q0 // step for t in tiles)
+    if is_causal:
+        keep = keep & mha.causal_mask(L, S)
+    covered = torch.zeros(L, S, dtype=torch.bool)
+    for t in tiles:
+        covered[t.q0 : t.q1, t.k0 : t.k1] = True
+    assert not (keep & ~covered).any()
+    q, k, v = qkv(L, S, batch=(1,))
+    assert_close(mha.flash_attention(q, k, v, keep, is_causal, block_size=block),
+                 F.scaled_dot_product_attention(q, k, v, attn_mask=keep & (mha.causal_mask(L, S) if is_causal else True)))

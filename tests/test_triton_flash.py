@@ -227,12 +227,27 @@ def test_launch_grid_and_loop_bound(tf):
 @pytest.mark.parametrize(
     "change, error, match",
     [
-        (lambda q, k, v: (q[0], k, v), ValueError, r"query must be 4-D .* got shape \(2, 5, 16\)"),
+        (
+            lambda q, k, v: (q[0], k, v),
+            ValueError,
+            r"query must have 4 dims \(B, H, L\|S, D\), got shape \(2, 5, 16\)",
+        ),
+        (lambda q, k, v: ([[1.0]], k, v), TypeError, r"query must be a torch.Tensor, got list"),
         (lambda q, k, v: (q, k[..., :8], v[..., :8]), ValueError, r"head dim"),
         (
             lambda q, k, v: (q, k, v[:, :, :3]),
             ValueError,
-            r"key and value must have the same shape",
+            r"key and value must have the same length S",
+        ),
+        (
+            lambda q, k, v: (q, k, v[..., :8]),
+            ValueError,
+            r"key and value must have the same shape \(B, H, S, D\)",
+        ),
+        (
+            lambda q, k, v: (q, k[:, :1], v[:, :1]),
+            ValueError,
+            r"same leading \(batch\) dims, got query \(1, 2, 5, 16\), key \(1, 1, 7, 16\)",
         ),
         (lambda q, k, v: (q, k, v.double()), TypeError, r"float16, bfloat16 or float32"),
         (lambda q, k, v: (q.half(), k, v), TypeError, r"share a dtype"),
@@ -252,9 +267,15 @@ def test_bad_options(tf):
         tf.triton_attention(q, k, v, block_m=24)
     with pytest.raises(ValueError, match=r"block_n must be a power of two >= 16 .*got 8"):
         tf.triton_attention(q, k, v, block_n=8)
-    with pytest.raises(ValueError, match=r"scale must be a finite number"):
+    with pytest.raises(TypeError, match=r"block_m must be an int, got float \(16.0\)"):
+        tf.triton_attention(q, k, v, block_m=16.0)
+    with pytest.raises(ValueError, match=r"block_n must be positive, got 0"):
+        tf.triton_attention(q, k, v, block_n=0)
+    with pytest.raises(ValueError, match=r"scale must be finite, got nan"):
         tf.triton_attention(q, k, v, scale=float("nan"))
-    with pytest.raises(TypeError, match=r"is_causal must be a bool"):
+    with pytest.raises(TypeError, match=r"scale must be a float or None, got str"):
+        tf.triton_attention(q, k, v, scale="big")
+    with pytest.raises(TypeError, match=r"is_causal must be a bool, got NoneType"):
         tf.triton_attention(q, k, v, is_causal=None)
     q, k, v = qkv(1, 1, 5, 7, 256)
     with pytest.raises(ValueError, match=r"head dim D must be in \[1, 128\], got D=256"):

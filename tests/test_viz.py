@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import matplotlib
 
 matplotlib.use("Agg")  # headless: no window, no display needed
@@ -16,6 +20,7 @@ from mha import viz
 from mha.flash import tile_schedule
 
 TOKENS = ["the", "cat", "eats", "fish"]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -27,6 +32,15 @@ def _close_figures():
 def _weights(*shape):
     g = torch.Generator().manual_seed(0)
     return torch.softmax(torch.randn(*shape, generator=g), dim=-1)
+
+
+def test_viz_does_not_import_bench():
+    # viz needs only the log-log fit (mha.fit), not the timing and profiling machinery of bench.
+    code = "import sys, mha.viz; print('mha.bench' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert result.stdout.strip() == "False"
 
 
 def _ticklabels(axis):
@@ -110,8 +124,10 @@ def test_attention_heads_bad_input():
     with pytest.raises(ValueError, match="axes must hold at least 3 matplotlib Axes"):
         _, two = plt.subplots(1, 2)
         viz.attention_heads(_weights(3, 4, 4), axes=two)
-    with pytest.raises(ValueError, match="ncols must be a positive int"):
+    with pytest.raises(ValueError, match="ncols must be positive, got 0"):
         viz.attention_heads(_weights(3, 4, 4), ncols=0)
+    with pytest.raises(TypeError, match=r"ncols must be an int, got float \(2.0\)"):
+        viz.attention_heads(_weights(3, 4, 4), ncols=2.0)
     with pytest.raises(ValueError, match="titles has 2 labels but there are 3 heads"):
         viz.attention_heads(_weights(3, 4, 4), titles=["x", "y"])
 
@@ -238,7 +254,9 @@ def test_tile_grid_bad_input():
         viz.tile_grid([[0, 1]], text=[["a"]])
     with pytest.raises(ValueError, match="colors has 1 entries but categories has 2"):
         viz.tile_grid([[0, 1]], colors=["r"])
-    with pytest.raises(ValueError, match="block_size must be a positive int"):
+    with pytest.raises(ValueError, match="block_size must be positive, got 0"):
         viz.tile_grid([[0, 1]], block_size=0)
+    with pytest.raises(TypeError, match="block_size must be an int, got str"):
+        viz.tile_grid([[0, 1]], block_size="64")
     with pytest.raises(ValueError, match="lengths"):
         viz.tile_grid([[0, 1]], block_size=64, lengths=(64, 300))

@@ -1,0 +1,184 @@
+"""Argument checks shared by every public function of ``mha``.
+
+One rule everywhere: an argument of the wrong *type* raises ``TypeError``, a value of the right
+type that cannot be used raises ``ValueError``, and every message names the argument and what it
+got (shapes for tensors), so a mistake is found from the message alone. Functions return the
+checked value, so a caller can write ``n = positive_int("n", n)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def shape(t: Tensor) -> tuple[int, ...]:
+    """``t.shape`` as a plain tuple, which prints as ``(2, 4, 8)`` in messages."""
+    return tuple(t.shape)
+
+
+def tensor(
+    name: str,
+    value: object,
+    *,
+    floating: bool = False,
+    ndim: int | None = None,
+    layout: str | None = None,
+) -> Tensor:
+    """A tensor (optionally of a floating dtype and with exactly ``ndim`` dims).
+
+    ``layout`` names the expected dims in the message, e.g. ``"(B, H, L, D)"``, so that a reader
+    sees which dim is missing rather than only how many there should be.
+    """
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if floating and not value.dtype.is_floating_point:
+        raise TypeError(f"{name} must have a floating dtype, got {value.dtype}")
+    if ndim is not None and value.dim() != ndim:
+        dims = f"{ndim} dims" if layout is None else f"{ndim} dims {layout}"
+        raise ValueError(f"{name} must have {dims}, got shape {shape(value)}")
+    return value
+
+
+def function(name: str, value: object) -> Callable[..., object]:
+    """Something callable (a function, a lambda, a module)."""
+    if not callable(value):
+        raise TypeError(f"{name} must be callable, got {type(value).__name__}")
+    return value
+
+
+def flag(name: str, value: object) -> bool:
+    """A real ``bool`` (``0``/``1`` or a tensor would hide a mistake)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
+    return value
+
+
+def _number(name: str, value: object, kind: type | tuple[type, ...], what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__} ({value!r})")
+
+
+def positive_int(name: str, value: object) -> int:
+    """An ``int`` greater than zero."""
+    _number(name, value, int, "an int")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return value
+
+
+def positive_float(name: str, value: object) -> float:
+    """A finite number greater than zero."""
+    _number(name, value, (int, float), "a number")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+def probability(name: str, value: object) -> float:
+    """A dropout probability in ``[0, 1)``."""
+    _number(name, value, (int, float), "a float")
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+    return float(value)
+
+
+def scale(value: object) -> float | None:
+    """``None`` (use ``1/sqrt(D)``) or a finite number multiplying the scores."""
+    if value is None:
+        return None
+    _number("scale", value, (int, float), "a float or None")
+    if not math.isfinite(value):
+        raise ValueError(f"scale must be finite, got {value!r}")
+    return float(value)
+
+
+def one_of(name: str, value: object, choices: Sequence[object]) -> object:
+    """One of a fixed set of choices."""
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(map(str, choices))}")
+    return value
+
+
+def qkv(query: object, key: object, value: object, *, enable_gqa: bool = False) -> int:
+    """Check that query, key and value fit together; return the group size ``H // Hkv``.
+
+    Shapes:
+        query ``(..., H, L, D)``, key ``(..., Hkv, S, D)``, value ``(..., Hkv, S, Dv)``. Without
+        ``enable_gqa`` all leading dims must be equal (``Hkv = H``, group size 1): a batch is never
+        broadcast silently. With it, ``H`` must be a multiple of ``Hkv`` and the other leading dims
+        equal; query head ``i`` then reads key/value head ``i // (H // Hkv)``.
+    """
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        tensor(name, t, floating=True)
+        if t.dim() < 2:
+            raise ValueError(
+                f"{name} must have at least 2 dims (..., length, dim), got shape {shape(t)}"
+            )
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(
+            f"query, key and value must share a dtype, got {query.dtype}, {key.dtype} and {value.dtype}"
+        )
+    if not (query.device == key.device == value.device):
+        raise ValueError(
+            f"query, key and value must be on one device, got {query.device}, {key.device} and {value.device}"
+        )
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            f"query and key must have the same head dim, got query {shape(query)} and key {shape(key)}"
+        )
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(
+            f"key and value must have the same length S, got key {shape(key)} and value {shape(value)}"
+        )
+    if key.shape[:-2] != value.shape[:-2]:
+        raise ValueError(
+            f"key and value must have the same leading dims, got key {shape(key)} and value {shape(value)}"
+        )
+    same = query.shape[:-2] == key.shape[:-2]
+    if same:
+        return 1
+    gqa_fits = (
+        enable_gqa
+        and query.dim() >= 3
+        and query.dim() == key.dim()
+        and query.shape[:-3] == key.shape[:-3]
+        and query.shape[-3] % key.shape[-3] == 0
+    )
+    if not gqa_fits:
+        what = (
+            "the same leading (batch) dims"
+            if not enable_gqa
+            else "the same batch dims and a head count (dim -3) that is a multiple of key's"
+        )
+        raise ValueError(
+            f"query, key and value must have {what}, got query {shape(query)}, key {shape(key)} "
+            f"and value {shape(value)}"
+        )
+    return query.shape[-3] // key.shape[-3]
+
+
+def attn_mask(mask: object, target: tuple[int, ...]) -> Tensor:
+    """A bool keep-mask or float bias that broadcasts to the scores ``target`` ``(..., L, S)``.
+
+    The mask may have fewer dims and size-1 dims, but it may never *grow* the scores (that would
+    be a silent broadcast of the batch).
+    """
+    tensor("attn_mask", mask)
+    if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
+        raise TypeError(
+            f"attn_mask must be bool (True = attend) or floating (added to the scores), "
+            f"got dtype {mask.dtype}"
+        )
+    m = shape(mask)
+    fits = len(m) <= len(target) and all(a in (1, b) for a, b in zip(reversed(m), reversed(target)))
+    if not fits:
+        raise ValueError(
+            f"attn_mask of shape {m} is not broadcastable to the scores {tuple(target)}"
+        )
+    return mask

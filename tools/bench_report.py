@@ -1,0 +1,414 @@
+"""The course's performance targets, each a ratio against PyTorch measured side by side in one run.
+
+    python tools/bench_report.py            # or: make bench
+    python tools/bench_report.py --quick    # tiny sizes: a smoke test of the report itself
+    python tools/bench_report.py --strict   # exit 1 when a target is missed
+
+Every line names what is compared, the measured ratio, its target and the times it comes from.
+The measurements use :mod:`mha.bench` (``torch.utils.benchmark`` timers, real peak memory).
+Timings on a shared machine vary: ratios are medians of alternating pairs where the claim is a
+speed-up, and the header line prints the load average so a busy run can be recognised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import mha
+from mha.bench import MiB, Timing, compare_times, paired_ratio, peak_memory
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the performance report.
+
+    Attributes:
+        name: what is compared, with the sizes.
+        value: the measured ratio.
+        target: the bound the ratio must respect.
+        at_most: ``True`` when ``value <= target`` passes, ``False`` when ``value >= target`` does.
+        detail: the measurements the ratio comes from.
+    """
+
+    name: str
+    value: float
+    target: float
+    at_most: bool
+    detail: str
+
+    @property
+    def passed(self) -> bool:
+        """Whether the target is met."""
+        return self.value <= self.target if self.at_most else self.value >= self.target
+
+    def __str__(self) -> str:
+        op = "<=" if self.at_most else ">="
+        status = "PASS" if self.passed else "FAIL"
+        return f"[{status}] {self.name}: ~{self.value:.3f} (target {op} {self.target:g}); {self.detail}"
+
+
+def _randn(shape: tuple[int, ...], device: torch.device, g: torch.Generator) -> torch.Tensor:
+    return torch.randn(shape, generator=g).to(device)  # drawn on the CPU: same numbers everywhere
+
+
+def _times(a: str, ta: Timing, b: str, tb: Timing) -> str:
+    return f"{a} ~{ta.ms:.3f} ms, {b} ~{tb.ms:.3f} ms"
+
+
+def module_vs_torch(
+    dev: torch.device, g: torch.Generator, quick: bool, run_time: float
+) -> list[Check]:
+    """Our module on torch's fused kernel vs ``nn.MultiheadAttention``, same weights, inference."""
+    checks = []
+    sizes = [(2, 32, 64, 4), (2, 64, 64, 4)] if quick else [(8, 256, 512, 8), (2, 1024, 512, 8)]
+    for B, L, E, H in sizes:
+        theirs = nn.MultiheadAttention(E, H, batch_first=True).to(dev).eval()
+        ours = mha.MultiHeadAttention.from_torch(theirs, backend="sdpa").eval()
+        x = _randn((B, L, E), dev, g)
+        with torch.no_grad():
+            torch.testing.assert_close(
+                ours(x)[0], theirs(x, x, x, need_weights=False)[0], atol=1e-4, rtol=1e-4
+            )
+            ratio, t_ours, t_theirs = paired_ratio(
+                lambda ours=ours, x=x: ours(x),
+                lambda theirs=theirs, x=x: theirs(x, x, x, need_weights=False),
+                pairs=3 if quick else 5,
+                min_run_time=run_time,
+            )
+        checks.append(
+            Check(
+                f"MultiHeadAttention(backend='sdpa') / nn.MultiheadAttention time, B={B} L={L} E={E} H={H}",
+                ratio,
+                1.0,
+                True,
+                _times("ours", t_ours, "torch", t_theirs),
+            )
+        )
+    return checks
+
+
+def tiled_attention(
+    dev: torch.device, g: torch.Generator, quick: bool, run_time: float
+) -> list[Check]:
+    """``mha.flash_attention`` against the math version and torch's fused kernel at a long length."""
+    B, H, L, D = (1, 2, 256, 16) if quick else (1, 8, 4096, 64)
+    q, k, v = (_randn((B, H, L, D), dev, g) for _ in range(3))
+    size = f"B={B} H={H} L=S={L} D={D}"
+    pairs = 3 if quick else 5
+    with torch.no_grad():
+        torch.testing.assert_close(
+            mha.flash_attention(q, k, v),
+            F.scaled_dot_product_attention(q, k, v),
+            atol=1e-4,
+            rtol=1e-4,
+        )
+        mem_math = peak_memory(mha.scaled_dot_product_attention, q, k, v, warmup=False)
+        mem_flash = peak_memory(mha.flash_attention, q, k, v, warmup=False)
+        t = compare_times(
+            {
+                "math": lambda: mha.scaled_dot_product_attention(q, k, v),
+                "flash": lambda: mha.flash_attention(q, k, v),
+            },
+            rounds=1 if quick else 2,
+            min_run_time=run_time,
+        )
+        vs_sdpa, t_flash, t_sdpa = paired_ratio(
+            lambda: mha.flash_attention(q, k, v),
+            lambda: F.scaled_dot_product_attention(q, k, v),
+            pairs=pairs,
+            min_run_time=run_time,
+        )
+        skip, t_full, t_causal = paired_ratio(
+            lambda: mha.flash_attention(q, k, v),
+            lambda: mha.flash_attention(q, k, v, is_causal=True),
+            pairs=pairs,
+            min_run_time=run_time,
+        )
+    return [
+        Check(
+            f"flash_attention / math attention peak memory, {size}",
+            mem_flash / mem_math,
+            0.05,
+            True,
+            f"flash ~{mem_flash / MiB:.1f} MiB, math ~{mem_math / MiB:.1f} MiB",
+        ),
+        Check(
+            f"flash_attention / math attention time, {size}",
+            t["flash"].median / t["math"].median,
+            1.0,
+            True,
+            _times("flash", t["flash"], "math", t["math"]),
+        ),
+        Check(
+            f"flash_attention / torch SDPA time (median of pairs), {size}",
+            vs_sdpa,
+            1.6,
+            True,
+            _times("flash", t_flash, "sdpa", t_sdpa),
+        ),
+        Check(
+            f"flash_attention causal tile-skipping speed-up, full / causal (median of pairs), {size}",
+            skip,
+            1.8,
+            False,
+            _times("full", t_full, "causal", t_causal),
+        ),
+    ]
+
+
+def reference_overhead(
+    dev: torch.device, g: torch.Generator, quick: bool, run_time: float
+) -> list[Check]:
+    """The readable reference must not pay for features it does not use."""
+    B, H, L, D = (2, 2, 64, 32) if quick else (8, 8, 256, 64)
+    q, k, v = (_randn((B, H, L, D), dev, g) for _ in range(3))
+    scale = 1.0 / math.sqrt(D)
+    with torch.no_grad():
+        ratio, t_mha, t_inline = paired_ratio(
+            lambda: mha.scaled_dot_product_attention(q, k, v),
+            lambda: torch.softmax(q @ k.transpose(-2, -1) * scale, -1) @ v,
+            pairs=3 if quick else 5,
+            min_run_time=run_time,
+        )
+    return [
+        Check(
+            f"mha.scaled_dot_product_attention / inline softmax(q @ k.T * scale) @ v time, B={B} H={H} L=S={L} D={D}",
+            ratio,
+            1.3,
+            True,
+            _times("mha", t_mha, "inline", t_inline),
+        )
+    ]
+
+
+def _error_ratio(ours: torch.Tensor, theirs: torch.Tensor, golden: torch.Tensor) -> float:
+    """Our max error against float64 as a multiple of torch's (inf when ours is not finite)."""
+    err = (ours.double() - golden).abs().max().item()
+    ref = (theirs.double() - golden).abs().max().item() + torch.finfo(ours.dtype).eps
+    return err / ref if math.isfinite(err) else math.inf
+
+
+def _low_precision_cases(
+    dev: torch.device, g: torch.Generator, quick: bool
+) -> list[tuple[torch.Tensor, ...]]:
+    """float64 (q, k, v) with logit spreads (std) of 1, 9, 25 and 49, and |q·k| beyond 65504."""
+    L, D = (32, 32) if quick else (256, 64)
+    q, k, v = (_randn((2, 4, L, D), dev, g).double() for _ in range(3))
+    return [(s * q, s * k, v) for s in (1.0, 3.0, 5.0, 7.0)] + [(30 * q, 30 * q, v)]
+
+
+def low_precision(dev: torch.device, g: torch.Generator, quick: bool) -> list[Check]:
+    """float16/bfloat16 error against float64, as a multiple of torch SDPA's error (worst case)."""
+    cases = _low_precision_cases(dev, g, quick)
+    torch.manual_seed(0)
+    golden_layer = mha.MultiHeadAttention(64, 4, dtype=torch.float64).to(dev).eval()
+    x = _randn((2, 32 if quick else 256, 64), dev, g).double()
+    checks = []
+    with torch.no_grad():
+        golden_layer.q_proj.weight.mul_(6.0)  # large weights: logits with a spread of tens
+        golden_layer.k_proj.weight.mul_(6.0)
+        golden_out = golden_layer(x, is_causal=True)[0]
+        for dtype in (torch.float16, torch.bfloat16):
+            worst = {"scaled_dot_product_attention": 0.0, "flash_attention": 0.0}
+            for q, k, v in cases:
+                golden = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                low = [t.to(dtype) for t in (q, k, v)]
+                theirs = F.scaled_dot_product_attention(*low, is_causal=True)
+                for name, so_far in worst.items():
+                    ours = getattr(mha, name)(*low, is_causal=True)
+                    worst[name] = max(so_far, _error_ratio(ours, theirs, golden))
+            layers = {
+                b: mha.MultiHeadAttention(64, 4, backend=b, dtype=dtype).to(dev).eval()
+                for b in ("sdpa", "math", "flash")
+            }
+            for layer in layers.values():
+                layer.load_state_dict(golden_layer.state_dict())
+            theirs = layers["sdpa"](x.to(dtype), is_causal=True)[0]
+            for backend in ("math", "flash"):
+                ours = layers[backend](x.to(dtype), is_causal=True)[0]
+                worst[f"MultiHeadAttention(backend={backend!r})"] = _error_ratio(
+                    ours, theirs, golden_out
+                )
+            kind = str(dtype).removeprefix("torch.")
+            for name, ratio in worst.items():
+                what = (
+                    f"worst of {len(cases)} inputs"
+                    if "Multi" not in name
+                    else "vs the 'sdpa' backend"
+                )
+                checks.append(
+                    Check(
+                        f"{name} {kind} error / torch's error vs float64, {what}",
+                        ratio,
+                        3.0,
+                        True,
+                        "logit spreads up to 49 and |q·k| beyond float16's range",
+                    )
+                )
+    return checks
+
+
+def _decode_width(
+    E: int, dev: torch.device, g: torch.Generator, quick: bool, run_time: float
+) -> list[Check]:
+    H, P, pairs = 8, 64 if quick else 1024, 3 if quick else 7
+    Hkv = H // 4
+    layers = {
+        kv: mha.MultiHeadAttention(E, H, num_kv_heads=kv, backend="sdpa").to(dev).eval()
+        for kv in (H, Hkv)
+    }
+    x = _randn((1, P + 1, E), dev, g)
+    new = x[:, P:]  # (1, 1, E) the token being decoded
+    caches = {kv: mha.KVCache() for kv in layers}
+    checks = []
+
+    def step(kv: int) -> Callable[[], object]:
+        def run() -> object:
+            cache = mha.KVCache()
+            cache.update(caches[kv].key, caches[kv].value)  # the cache as the prefix left it
+            return layers[kv](new, is_causal=True, kv_cache=cache)
+
+        return run
+
+    with torch.no_grad():
+        for kv, layer in layers.items():
+            layer(x[:, :P], is_causal=True, kv_cache=caches[kv])
+        if E == 1024:
+            layer = layers[H]
+            proj = (layer.q_proj, layer.k_proj, layer.v_proj)
+            ratio, t_ours, t_three = paired_ratio(
+                lambda: layer._project(new, new, new),
+                lambda: [p(new) for p in proj],
+                pairs=pairs,
+                min_run_time=run_time,
+            )
+            checks.append(
+                Check(
+                    f"decode step self-attention projection / three nn.Linear time, B=1 L=1 E={E}",
+                    ratio,
+                    1.0,
+                    True,
+                    _times("ours", t_ours, "three", t_three),
+                )
+            )
+        ratio, t_gqa, t_mha = paired_ratio(step(Hkv), step(H), pairs=pairs, min_run_time=run_time)
+        checks.append(
+            Check(
+                f"decode step with GQA (H={H}, Hkv={Hkv}) / without GQA time, cache {P}, E={E}",
+                ratio,
+                1.0,
+                True,
+                _times("GQA", t_gqa, "MHA", t_mha),
+            )
+        )
+        q = _randn((1, H, 1, E // H), dev, g)
+        k, v = caches[Hkv].key, caches[Hkv].value  # (1, Hkv, P, D)
+        ratio, t_grouped, t_repeated = paired_ratio(
+            lambda: mha.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+            lambda: mha.scaled_dot_product_attention(
+                q, k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+            ),
+            pairs=pairs,
+            min_run_time=run_time,
+        )
+        checks.append(
+            Check(
+                f"decode attention, grouped / repeated key-value heads time, Hkv={Hkv} cache {P} E={E}",
+                ratio,
+                1.0,
+                True,
+                _times("grouped", t_grouped, "repeated", t_repeated),
+            )
+        )
+    return checks
+
+
+def decode_step(dev: torch.device, g: torch.Generator, quick: bool, run_time: float) -> list[Check]:
+    """One decoding step (B=1, one new token) after a prefix of 1024 cached tokens, E=512 and 1024."""
+    return [c for E in (512, 1024) for c in _decode_width(E, dev, g, quick, run_time)]
+
+
+def run_report(
+    *,
+    quick: bool = False,
+    device: str | torch.device = "cpu",
+    log: Callable[[str], None] | None = None,
+) -> list[Check]:
+    """Measure every target; call ``log`` with each line as soon as it is measured."""
+    dev = torch.device(device)
+    g = torch.Generator().manual_seed(0)
+    run_time = 0.02 if quick else 0.2
+    checks: list[Check] = []
+    sections = [
+        lambda: module_vs_torch(dev, g, quick, run_time),
+        lambda: tiled_attention(dev, g, quick, run_time),
+        lambda: reference_overhead(dev, g, quick, run_time),
+        lambda: low_precision(dev, g, quick),
+        lambda: decode_step(dev, g, quick, run_time),
+    ]
+    for section in sections:
+        for check in section():
+            checks.append(check)
+            if log is not None:
+                log(str(check))
+    return checks
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: print the performance report; return the exit code."""
+    parser = argparse.ArgumentParser(
+        prog="python tools/bench_report.py",
+        description="Measure mha against PyTorch: each line is a ratio measured in this run.",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes: a smoke test of the report"
+    )
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    parser.add_argument(
+        "--strict", action="store_true", help="exit with status 1 if a target is missed"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: torch's own choice, usually one per core)",
+    )
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        if args.threads <= 0:
+            parser.error(f"--threads must be a positive int, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    try:
+        dev = torch.device(args.device)
+    except RuntimeError:
+        parser.error(f"--device: not a device: {args.device!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: CUDA is not available on this machine")
+    if dev.type not in ("cpu", "cuda"):
+        parser.error(f"--device must be cpu or cuda, got {args.device!r}")
+
+    try:  # other work on the machine inflates timings; say how busy it was
+        load = f", load average ~{os.getloadavg()[0]:.2f}"
+    except (AttributeError, OSError):  # not available on Windows
+        load = ""
+    print(
+        f"bench_report: torch {torch.__version__}, device {dev}, {torch.get_num_threads()} threads"
+        f"{load}{', quick sizes (smoke test)' if args.quick else ''}"
+    )
+    checks = run_report(quick=args.quick, device=dev, log=lambda line: print(line, flush=True))
+    failed = sum(not c.passed for c in checks)
+    print(f"{len(checks) - failed}/{len(checks)} targets met")
+    return 1 if args.strict and failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
