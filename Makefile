@@ -1,12 +1,14 @@
 # Multi-Head Attention, from Intuition to GPU.
 #
 #   make book     set up .venv and build the book   -> _build/html/index.html
-#   make test     set up everything and run every test (unit, notebooks, Colab path, book, browser)
+#   make test     set up everything and run every test (lint, unit, notebooks, Colab path, book, browser)
+#   make lint     ruff format --check, ruff check and mypy over the package, tests and tools
 #   make test-colab   run every chapter the way Colab's "Run all" does (part of make test)
 #   make test-newest  the Colab-path test on the newest Python, torch, numpy, matplotlib (downloads)
 #   make serve    serve the built book on http://localhost:8000
-#   make execute  re-execute every chapter in place (after editing a chapter or mha)
-#   make bench    print the timing report of mha.bench
+#   make execute  re-execute every chapter in place (after editing a chapter or mha) and
+#                 refresh their text twins in chapters/text/ (make text does only that)
+#   make bench    measure the performance targets (tools/bench_report.py), each a ratio to PyTorch
 #   make clean    remove build outputs (keeps .venv and node_modules)
 
 PYTHON ?= python3
@@ -24,11 +26,11 @@ NEWEST_PACKAGES := torch numpy matplotlib triton setuptools ipykernel nbclient n
 NBVAL    := $(BIN)/pytest -p no:cacheprovider --nbval --nbval-current-env \
             --nbval-sanitize-with tests/sanitize.cfg
 
-.PHONY: help venv book test test-unit test-notebooks test-colab test-newest test-browser mathjax \
-        serve execute bench clean
+.PHONY: help venv book lint test test-unit test-notebooks test-colab test-newest test-browser mathjax \
+        serve execute text bench clean
 
 help:
-	@sed -n '3,11p' Makefile
+	@sed -n '3,13p' Makefile
 
 # The virtual environment is (re)installed whenever requirements.txt or pyproject.toml changes.
 $(STAMP): requirements.txt pyproject.toml
@@ -56,11 +58,17 @@ book: $(STAMP)
 	@echo "The book is in _build/html/index.html"
 
 test: $(STAMP) mathjax
+	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory test-unit
 	$(MAKE) --no-print-directory test-notebooks
 	$(MAKE) --no-print-directory test-colab
 	$(MAKE) --no-print-directory book
 	$(MAKE) --no-print-directory test-browser
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check mha tests tools
+	$(BIN)/ruff check mha tests tools
+	$(BIN)/mypy
 
 test-unit: $(STAMP)
 	$(BIN)/pytest -m "not browser" --ignore=$(COLAB_TEST) tests
@@ -94,9 +102,14 @@ serve:
 
 execute: $(STAMP)
 	$(BIN)/python tools/execute_notebook.py $(CHAPTERS)
+	$(BIN)/python tools/chapter_text.py write
+
+# The text twins of the chapters (chapters/text/*.md) from the notebooks.
+text: $(STAMP)
+	$(BIN)/python tools/chapter_text.py write
 
 bench: $(STAMP)
-	$(BIN)/python -m mha.bench
+	$(BIN)/python tools/bench_report.py
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis

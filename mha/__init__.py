@@ -6,8 +6,10 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
 * :func:`flash_attention` — FlashAttention's tiled forward pass in plain PyTorch (``mha/flash.py``)
 * :func:`causal_mask`, :func:`padding_mask`, :func:`sliding_window_mask` — keep-masks (``mha/masks.py``)
 * :class:`MultiHeadAttention`, :class:`KVCache` — the module and its decoding cache (``mha/multihead.py``)
+* :func:`expect_error` — show a deliberate error in a notebook without stopping it (``mha/demo.py``)
+* :mod:`mha.validation` — the argument checks every public function shares
 * :mod:`mha.bench`, :mod:`mha.viz`, :mod:`mha.hardware`, :mod:`mha.exercises` — measuring, drawing,
-  inspecting the machine, and checking your answers to the exercises.
+  inspecting the machine, and checking your answers to the exercises (loaded on first use).
 """
 
 import importlib
@@ -24,11 +26,12 @@ _LAZY_SUBMODULES = ("bench", "exercises", "hardware", "viz")
 
 
 def __getattr__(name: str):
-    # mha.bench, mha.hardware and mha.viz load on first use: `import mha` stays light (no
-    # matplotlib), and `python -m mha.bench` does not find its module imported already.
+    # mha.bench, mha.exercises, mha.hardware and mha.viz load on first use: `import mha` stays
+    # light (no matplotlib), and the exercises, which build on all of mha, import it without a cycle.
     if name in _LAZY_SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "KVCache",

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,12 +31,12 @@ def fold_groups(t: Tensor, groups: int) -> Tensor:
 
 
 def check_arguments(
-    query: object,
-    key: object,
-    value: object,
-    attn_mask: object,
-    is_causal: object,
-    scale: object,
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_mask: Any,
+    is_causal: Any,
+    scale: Any,
     enable_gqa: bool,
 ) -> tuple[int, float]:
     """Validate the arguments every attention function shares; return ``(groups, scale)``.

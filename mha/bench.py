@@ -333,7 +333,9 @@ def _cpu_peak_bytes(call: Callable[[], object]) -> int:
             yield node
             yield from walk(node.children)
 
-    tree = prof.profiler.kineto_results.experimental_event_tree()
+    profiler = prof.profiler  # set by start(), its results by stop()
+    assert profiler is not None and profiler.kineto_results is not None
+    tree = profiler.kineto_results.experimental_event_tree()
     events = sorted(
         (node.start_time_ns, node.extra_fields.ptr, node.extra_fields.alloc_size)
         for node in walk(tree)
@@ -452,14 +454,14 @@ class Table:
         columns: Sequence[str] | None = None,
         measured: Sequence[str] | None = None,
     ):
-        rows = [dict(r) for r in rows]
-        columns = list(columns) if columns is not None else (list(rows[0]) if rows else [])
-        for i, row in enumerate(rows):
+        copies = [dict(r) for r in rows]
+        columns = list(columns) if columns is not None else (list(copies[0]) if copies else [])
+        for i, row in enumerate(copies):
             if list(row) != columns:
                 raise ValueError(
                     f"rows must all have the columns {columns}, row {i} has {list(row)}"
                 )
-        self.rows: list[dict[str, Any]] = rows
+        self.rows: list[dict[str, Any]] = copies
         self.columns: list[str] = columns
         self.measured: tuple[str, ...] = tuple(
             c for c in columns if (c in _COLUMN_SPECS if measured is None else c in measured)

@@ -37,12 +37,12 @@ class LogLogFit:
         return [self.coefficient * xi**self.slope for xi in x]
 
 
-def _positive_values(name: str, values: object) -> list[float]:
+def _positive_values(name: str, values: Sequence[float] | torch.Tensor) -> list[float]:
     """The values as floats; each must be positive and finite, since its logarithm is taken."""
     if isinstance(values, torch.Tensor):
         values = values.detach().cpu().tolist()
     try:
-        out = [float(v) for v in values]  # type: ignore[union-attr]
+        out = [float(v) for v in values]
     except (TypeError, ValueError):
         raise TypeError(
             f"{name} must be a sequence of numbers, got {type(values).__name__}"

@@ -18,6 +18,7 @@ one is a few separate PyTorch calls: fewer, larger calls keep the matrix product
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -115,7 +116,7 @@ def tile_schedule(
     for step in range(0, n_blocks, QUERY_BLOCKS_PER_STEP):
         step_blocks = range(step, min(step + QUERY_BLOCKS_PER_STEP, n_blocks))
         for c, k0 in enumerate(range(0, S, block_size)):
-            rows = step_blocks  # the blocks of this step that can see tile c
+            rows: Sequence[int] = step_blocks  # the blocks of this step that can see tile c
             if is_causal:
                 rows = range(max(step, c), step_blocks.stop)  # row i sees key j only if j <= i
             if visible is not None:

@@ -209,7 +209,7 @@ def device_report(device: str | torch.device | None = None) -> DeviceReport:
     """
     dev = _as_device(device)
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    common = {
+    common: dict[str, Any] = {
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
         "cudnn_version": cudnn,

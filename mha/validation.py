@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -24,7 +25,7 @@ def shape(t: Tensor) -> tuple[int, ...]:
 
 def tensor(
     name: str,
-    value: object,
+    value: Any,
     *,
     floating: bool = False,
     ndim: int | None = None,
@@ -45,26 +46,26 @@ def tensor(
     return value
 
 
-def function(name: str, value: object) -> Callable[..., object]:
+def function(name: str, value: Any) -> Callable[..., object]:
     """Something callable (a function, a lambda, a module)."""
     if not callable(value):
         raise TypeError(f"{name} must be callable, got {type(value).__name__}")
     return value
 
 
-def flag(name: str, value: object) -> bool:
+def flag(name: str, value: Any) -> bool:
     """A real ``bool`` (``0``/``1`` or a tensor would hide a mistake)."""
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
     return value
 
 
-def _number(name: str, value: object, kind: type | tuple[type, ...], what: str) -> None:
+def _number(name: str, value: Any, kind: type | tuple[type, ...], what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, kind):
         raise TypeError(f"{name} must be {what}, got {type(value).__name__} ({value!r})")
 
 
-def positive_int(name: str, value: object) -> int:
+def positive_int(name: str, value: Any) -> int:
     """An ``int`` greater than zero."""
     _number(name, value, int, "an int")
     if value <= 0:
@@ -72,7 +73,7 @@ def positive_int(name: str, value: object) -> int:
     return value
 
 
-def positive_float(name: str, value: object) -> float:
+def positive_float(name: str, value: Any) -> float:
     """A finite number greater than zero."""
     _number(name, value, (int, float), "a number")
     if not (math.isfinite(value) and value > 0):
@@ -80,7 +81,7 @@ def positive_float(name: str, value: object) -> float:
     return float(value)
 
 
-def probability(name: str, value: object) -> float:
+def probability(name: str, value: Any) -> float:
     """A dropout probability in ``[0, 1)``."""
     _number(name, value, (int, float), "a float")
     if not 0.0 <= value < 1.0:
@@ -88,7 +89,7 @@ def probability(name: str, value: object) -> float:
     return float(value)
 
 
-def scale(value: object) -> float | None:
+def scale(value: Any) -> float | None:
     """``None`` (use ``1/sqrt(D)``) or a finite number multiplying the scores."""
     if value is None:
         return None
@@ -98,14 +99,14 @@ def scale(value: object) -> float | None:
     return float(value)
 
 
-def one_of(name: str, value: object, choices: Sequence[object]) -> object:
+def one_of(name: str, value: Any, choices: Sequence[object]) -> object:
     """One of a fixed set of choices."""
     if value not in choices:
         raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(map(str, choices))}")
     return value
 
 
-def qkv(query: object, key: object, value: object, *, enable_gqa: bool = False) -> int:
+def qkv(query: Any, key: Any, value: Any, *, enable_gqa: bool = False) -> int:
     """Check that query, key and value fit together; return the group size ``H // Hkv``.
 
     Shapes:
@@ -163,7 +164,7 @@ def qkv(query: object, key: object, value: object, *, enable_gqa: bool = False) 
     return query.shape[-3] // key.shape[-3]
 
 
-def attn_mask(mask: object, target: tuple[int, ...]) -> Tensor:
+def attn_mask(mask: Any, target: tuple[int, ...]) -> Tensor:
     """A bool keep-mask or float bias that broadcasts to the scores ``target`` ``(..., L, S)``.
 
     The mask may have fewer dims and size-1 dims, but it may never *grow* the scores (that would

@@ -423,7 +423,9 @@ def loglog_curves(
     return ax
 
 
-def _curve_points(name: str, values: object, xs: list[float]) -> tuple[list[float], list[float]]:
+def _curve_points(
+    name: str, values: Sequence[float | None] | torch.Tensor, xs: list[float]
+) -> tuple[list[float], list[float]]:
     """The ``(x, y)`` points of one curve, without the sizes it skipped (``None``)."""
     vals = list(values.detach().cpu().tolist() if isinstance(values, torch.Tensor) else values)
     if len(vals) != len(xs):
@@ -543,6 +545,7 @@ def _tile_ticks(
         ax.set_xlabel("key block")
         ax.set_ylabel("query block")
         return
+    assert lengths is not None  # _tile_lengths gives them whenever there is a block size
     L, S = lengths
     ax.set_xticks(range(nk), _token_spans(nk, S, block_size), rotation=45)
     ax.set_yticks(range(nq), _token_spans(nq, L, block_size))

@@ -15,8 +15,10 @@ def randn(*shape, dtype=torch.float64, seed=0):
 
 
 def qkv(batch=(2, 3), L=5, S=7, D=8, Dv=6, dtype=torch.float64):
-    return randn(*batch, L, D, dtype=dtype, seed=1), randn(*batch, S, D, dtype=dtype, seed=2), randn(
-        *batch, S, Dv, dtype=dtype, seed=3
+    return (
+        randn(*batch, L, D, dtype=dtype, seed=1),
+        randn(*batch, S, D, dtype=dtype, seed=2),
+        randn(*batch, S, Dv, dtype=dtype, seed=3),
     )
 
 
@@ -44,14 +46,18 @@ def test_scale():
     )
 
 
-@pytest.mark.parametrize("mask_shape", [(5, 7), (1, 7), (7,), (2, 1, 5, 7), (2, 3, 5, 7), (2, 1, 1, 7)])
+@pytest.mark.parametrize(
+    "mask_shape", [(5, 7), (1, 7), (7,), (2, 1, 5, 7), (2, 3, 5, 7), (2, 1, 1, 7)]
+)
 def test_bool_mask_broadcasts_like_torch(mask_shape):
     q, k, v = qkv()
     mask = torch.rand(mask_shape, generator=torch.Generator().manual_seed(4)) > 0.3
     mask[..., 0] = True  # torch's math path returns NaN for empty rows on some versions
     assert_close(
         mha.scaled_dot_product_attention(q, k, v, mask),
-        F.scaled_dot_product_attention(q, k, v, attn_mask=mask.reshape(-1, 7) if mask.dim() == 1 else mask),
+        F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask.reshape(-1, 7) if mask.dim() == 1 else mask
+        ),
     )
 
 
@@ -87,7 +93,11 @@ def test_return_weights_are_the_softmax_and_rows_sum_to_one():
 
 
 def test_non_contiguous_inputs():
-    base_q, base_k, base_v = randn(2, 5, 3, 8, seed=1), randn(2, 7, 3, 8, seed=2), randn(2, 7, 3, 6, seed=3)
+    base_q, base_k, base_v = (
+        randn(2, 5, 3, 8, seed=1),
+        randn(2, 7, 3, 8, seed=2),
+        randn(2, 7, 3, 6, seed=3),
+    )
     q, k, v = (t.transpose(1, 2) for t in (base_q, base_k, base_v))  # (2, 3, L, D) views
     assert not q.is_contiguous()
     assert_close(mha.scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
@@ -109,8 +119,12 @@ def test_low_precision_error_is_no_worse_than_torch(dtype):
 def test_gradients_match_torch_in_float64():
     q, k, v = (t.requires_grad_() for t in qkv())
     mask = mha.sliding_window_mask(5, 7, window=3)
-    grads_ours = torch.autograd.grad(mha.scaled_dot_product_attention(q, k, v, mask).square().sum(), (q, k, v))
-    grads_torch = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, attn_mask=mask).square().sum(), (q, k, v))
+    grads_ours = torch.autograd.grad(
+        mha.scaled_dot_product_attention(q, k, v, mask).square().sum(), (q, k, v)
+    )
+    grads_torch = torch.autograd.grad(
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask).square().sum(), (q, k, v)
+    )
     for ours, theirs in zip(grads_ours, grads_torch):
         assert_close(ours, theirs)
     assert torch.autograd.gradcheck(
@@ -123,7 +137,11 @@ def test_fully_masked_rows_are_zero_forward_and_backward(mask_kind):
     q, k, v = (t.requires_grad_() for t in qkv())
     keep = torch.ones(5, 7, dtype=torch.bool)
     keep[2] = False  # query 2 may attend to nothing
-    mask = keep if mask_kind == "bool" else torch.zeros(5, 7, dtype=torch.float64).masked_fill(~keep, -math.inf)
+    mask = (
+        keep
+        if mask_kind == "bool"
+        else torch.zeros(5, 7, dtype=torch.float64).masked_fill(~keep, -math.inf)
+    )
     out, weights = mha.scaled_dot_product_attention(q, k, v, mask, return_weights=True)
     assert torch.equal(out[..., 2, :], torch.zeros_like(out[..., 2, :]))
     assert torch.equal(weights[..., 2, :], torch.zeros_like(weights[..., 2, :]))
@@ -137,7 +155,9 @@ def test_fully_masked_rows_are_zero_forward_and_backward(mask_kind):
 
 
 def test_softmax_is_stable_and_safe():
-    x = torch.tensor([[1000.0, 1001.0, 1002.0], [-math.inf, -math.inf, -math.inf], [0.0, -math.inf, 1.0]])
+    x = torch.tensor(
+        [[1000.0, 1001.0, 1002.0], [-math.inf, -math.inf, -math.inf], [0.0, -math.inf, 1.0]]
+    )
     got = mha.softmax(x)
     assert_close(got[0], torch.softmax(x[0], -1))
     assert torch.equal(got[1], torch.zeros(3))

@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
-import bench_report
+import bench_report  # noqa: E402 (tools/ is not a package: it joins the path first)
 
 NEEDLES = (
     "MultiHeadAttention(backend='sdpa') / nn.MultiheadAttention time, B=2 L=32",

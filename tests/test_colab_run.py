@@ -239,6 +239,9 @@ def test_run_all_as_in_colab_completes(path, colab):
         client.execute()
     except CellExecutionError:
         stopped = where_it_stopped(nb)
+    finally:
+        if km.has_kernel:  # nbclient leaves a kernel it was handed running
+            km.shutdown_kernel(now=True)
     if stopped:
         pytest.fail(f"{path.name}: Colab's Run all stops: {stopped}", pytrace=False)
     elapsed = time.perf_counter() - start

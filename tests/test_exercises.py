@@ -47,8 +47,7 @@ def _stored_lines() -> set[str]:
 STORED_LINES = _stored_lines()
 
 
-def _stub(*args, **kwargs):
-    ...  # your code here
+def _stub(*args, **kwargs): ...  # your code here
 
 
 def _stub_args(ex: Exercise) -> list[object]:
@@ -57,8 +56,9 @@ def _stub_args(ex: Exercise) -> list[object]:
 
 
 def not_attempted_line(name: str) -> str:
-    return (f"⏳ {name}: not attempted yet — write your answer in the cell above, then run it "
-            "again.\n")
+    return (
+        f"⏳ {name}: not attempted yet — write your answer in the cell above, then run it again.\n"
+    )
 
 
 # --- generated from the data ----------------------------------------------------------------
@@ -253,8 +253,15 @@ def test_permuted_outputs_rejects(fn, hint):
         mha.exercises.check_permuted_outputs(fn)
 
 
-@pytest.mark.parametrize("name", ["check_permuted_outputs", "check_multi_head_forward",
-                                  "check_seed_mha_fix", "check_mha_shape_predictions"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "check_permuted_outputs",
+        "check_multi_head_forward",
+        "check_seed_mha_fix",
+        "check_mha_shape_predictions",
+    ],
+)
 def test_checkers_leave_the_global_rng_alone(name):
     torch.manual_seed(0)
     before = torch.random.get_rng_state()
@@ -314,8 +321,10 @@ def test_check_sdpa_accepts_mT_and_rejects_fixed_transpose_dims(capsys):
 
 @pytest.mark.parametrize(
     "calls",
-    [lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
-     lambda q, k, v: mha.scaled_dot_product_attention(q, k, v)],
+    [
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+        lambda q, k, v: mha.scaled_dot_product_attention(q, k, v),
+    ],
 )
 def test_check_sdpa_forbids_ready_made_attention_and_restores_it(calls):
     original = mha.scaled_dot_product_attention
@@ -382,8 +391,10 @@ def sdpa_forward(query, key, value, q_proj, k_proj, v_proj, o_proj, num_heads):
     """Written with view/transpose and torch's SDPA, independently of the checker's reference."""
     B, L, E = query.shape
     D = E // num_heads
-    q, k, v = (p(t).view(B, -1, num_heads, D).transpose(1, 2)
-               for p, t in ((q_proj, query), (k_proj, key), (v_proj, value)))
+    q, k, v = (
+        p(t).view(B, -1, num_heads, D).transpose(1, 2)
+        for p, t in ((q_proj, query), (k_proj, key), (v_proj, value))
+    )
     return o_proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, L, E))
 
 
@@ -410,8 +421,10 @@ class SeedMHA(nn.Module):
         query, key, value = self.query_fc(query), self.key_fc(key), self.value_fc(value)
         if self.split_ok:
             query, key, value = (
-                t.view(batch_size, -1, self.num_heads, d).transpose(1, 2)
-                .reshape(batch_size * self.num_heads, -1, d) for t in (query, key, value)
+                t.view(batch_size, -1, self.num_heads, d)
+                .transpose(1, 2)
+                .reshape(batch_size * self.num_heads, -1, d)
+                for t in (query, key, value)
             )
         else:
             query = query.view(batch_size * self.num_heads, -1, d)
@@ -475,8 +488,13 @@ def test_seed_fix_rejects_the_post_as_written(cls, hint):
 
 
 RIGHT_SHAPES = {
-    "q_proj.weight": (12, 12), "k_proj.weight": (6, 5), "v_proj.weight": (6, 7),
-    "out_proj.weight": (12, 12), "weights": (2, 4, 3, 9), "out": (2, 3, 12), "num_parameters": 396,
+    "q_proj.weight": (12, 12),
+    "k_proj.weight": (6, 5),
+    "v_proj.weight": (6, 7),
+    "out_proj.weight": (12, 12),
+    "weights": (2, 4, 3, 9),
+    "out": (2, 3, 12),
+    "num_parameters": 396,
 }
 
 
@@ -493,8 +511,10 @@ def test_shape_predictions_match_the_module_and_accept_lists(capsys):
     [
         ({"k_proj.weight": (12, 5)}, "num_kv_heads·D"),
         ({"weights": (2, 2, 3, 9)}, r"one \(L, S\) matrix per \*query\* head"),
-        ({"out": (2, 3, 7), "num_parameters": 4 * 12 * 12 + 4 * 12},
-         r"2 of the 7 answers are wrong:\n.*one row of width E.*\n.*out_features·\(in_features"),
+        (
+            {"out": (2, 3, 7), "num_parameters": 4 * 12 * 12 + 4 * 12},
+            r"2 of the 7 answers are wrong:\n.*one row of width E.*\n.*out_features·\(in_features",
+        ),
         ({"out": "(2, 3, 12)"}, "should be a tuple of ints"),
         ({"num_parameters": 396.0}, "should be an int"),
     ],
@@ -504,10 +524,13 @@ def test_shape_predictions_reject(change, hint):
         mha.exercises.check_mha_shape_predictions({**RIGHT_SHAPES, **change})
 
 
-@pytest.mark.parametrize(("predictions", "hint"), [
-    ({k: v for k, v in RIGHT_SHAPES.items() if k != "weights"}, "missing weights"),
-    ([(12, 12)] * 7, "should be a dict"),
-])
+@pytest.mark.parametrize(
+    ("predictions", "hint"),
+    [
+        ({k: v for k, v in RIGHT_SHAPES.items() if k != "weights"}, "missing weights"),
+        ([(12, 12)] * 7, "should be a dict"),
+    ],
+)
 def test_shape_predictions_reject_the_wrong_container(predictions, hint):
     with pytest.raises(ExerciseError, match=hint):
         mha.exercises.check_mha_shape_predictions(predictions)
@@ -529,11 +552,16 @@ def test_mask_checkers_accept_mha(capsys):
     [
         ("check_padding_mask", lambda lengths, S: [1, 0], "gave list, expected a torch.Tensor"),
         ("check_causal_mask", mha.causal_mask_bottom_right, "bottom-right"),
-        ("check_masked_attention",
-         lambda q, k, v, keep: mha.scaled_dot_product_attention(q, k, v, ~keep), "wrong values"),
-        ("check_masked_attention",
-         lambda q, k, v, keep: 1.1 * mha.scaled_dot_product_attention(q, k, v, keep),
-         "wrong values"),
+        (
+            "check_masked_attention",
+            lambda q, k, v, keep: mha.scaled_dot_product_attention(q, k, v, ~keep),
+            "wrong values",
+        ),
+        (
+            "check_masked_attention",
+            lambda q, k, v, keep: 1.1 * mha.scaled_dot_product_attention(q, k, v, keep),
+            "wrong values",
+        ),
         ("check_mask_conversion", lambda am: am == 0, r"should return a tuple \(key_padding_mask"),
         ("check_alibi_bias", lambda H, L: ch04.ALIBI_BIAS.reference(H, L) * 2, "wrong values"),
     ],
@@ -603,8 +631,14 @@ def test_chapter5_checkers_reject(name, fn, hint):
 
 
 RIGHT_BACKENDS = {
-    "plain": "flash", "bool_mask": "flash", "causal": "flash", "bfloat16": "flash",
-    "three_dims": "math", "dropout": "math", "value_dim": "math", "strided_last_dim": "math",
+    "plain": "flash",
+    "bool_mask": "flash",
+    "causal": "flash",
+    "bfloat16": "flash",
+    "three_dims": "math",
+    "dropout": "math",
+    "value_dim": "math",
+    "strided_last_dim": "math",
 }
 
 
@@ -657,8 +691,11 @@ def test_case_inputs_rejects_unknown_name():
         ("check_tile_counts", lambda *args: [1, 2], r"return a tuple \(programs, kv_tiles\)"),
         ("check_tile_counts", lambda *args: (1.5, 2), "programs should be an int"),
         ("check_kv_tile_range", lambda *args: [0, 1], r"should return a tuple \(lo, hi\)"),
-        ("check_backward_delta", lambda out, grad_out: (grad_out * out).mean(-1),
-         r"\(grad_out \* out\)\.sum\(-1\)"),
+        (
+            "check_backward_delta",
+            lambda out, grad_out: (grad_out * out).mean(-1),
+            r"\(grad_out \* out\)\.sum\(-1\)",
+        ),
     ],
 )
 def test_chapter6_checkers_reject(name, fn, hint):
@@ -720,8 +757,7 @@ def kernels():
         tl.store(Y, 0.0)
 
     @triton.jit
-    def stub(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr):
-        ...  # your code here
+    def stub(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr): ...  # your code here
 
     return {
         "good": good,

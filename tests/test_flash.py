@@ -15,8 +15,10 @@ def randn(*shape, dtype=torch.float64, seed=0):
 
 
 def qkv(L, S, D=16, Dv=8, batch=(2, 3), dtype=torch.float64):
-    return randn(*batch, L, D, dtype=dtype, seed=1), randn(*batch, S, D, dtype=dtype, seed=2), randn(
-        *batch, S, Dv, dtype=dtype, seed=3
+    return (
+        randn(*batch, L, D, dtype=dtype, seed=1),
+        randn(*batch, S, D, dtype=dtype, seed=2),
+        randn(*batch, S, Dv, dtype=dtype, seed=3),
     )
 
 
@@ -74,8 +76,13 @@ def test_fully_masked_rows_are_zero():
 def test_tile_schedule_skips_hidden_tiles():
     full = mha.tile_schedule(256, 256, block_size=64)
     causal = mha.tile_schedule(256, 256, block_size=64, is_causal=True)
-    window = mha.tile_schedule(256, 256, block_size=32, attn_mask=mha.sliding_window_mask(256, window=32))
-    rows = lambda tiles: sum(t.q1 - t.q0 for t in tiles)
+    window = mha.tile_schedule(
+        256, 256, block_size=32, attn_mask=mha.sliding_window_mask(256, window=32)
+    )
+
+    def rows(tiles):
+        return sum(t.q1 - t.q0 for t in tiles)
+
     assert len(full) == 4 and rows(full) == 4 * 256
     assert rows(causal) == 256 + 192 + 128 + 64  # each key tile is seen by the rows at or below it
     assert rows(window) == 7 * 64 + 32  # each key tile is seen by its own row block and the next
@@ -94,7 +101,9 @@ def test_online_softmax_update_equals_softmax_over_all_tiles():
     l = torch.zeros(4, 1)
     acc = torch.zeros(4, 3)
     for c0 in range(0, 12, 5):
-        m, l, acc = mha.online_softmax_update(m, l, acc, scores[:, c0 : c0 + 5], values[c0 : c0 + 5])
+        m, l, acc = mha.online_softmax_update(
+            m, l, acc, scores[:, c0 : c0 + 5], values[c0 : c0 + 5]
+        )
     assert_close(m, scores.amax(-1, keepdim=True))
     assert_close(acc / l, torch.softmax(scores, -1) @ values)
 
@@ -114,7 +123,9 @@ def test_low_precision_error_vs_float64_golden_is_no_worse_than_torch(dtype):
 @pytest.mark.parametrize("L,S,block", [(1000, 1000, 64), (300, 700, 32), (700, 300, 48)])
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_schedule_runs_query_steps_outer_and_covers_every_kept_pair(L, S, block, is_causal):
-    keep = mha.sliding_window_mask(L, S, window=90) | (torch.rand(L, S, generator=torch.Generator().manual_seed(1)) > 0.999)
+    keep = mha.sliding_window_mask(L, S, window=90) | (
+        torch.rand(L, S, generator=torch.Generator().manual_seed(1)) > 0.999
+    )
     tiles = mha.tile_schedule(L, S, block_size=block, is_causal=is_causal, attn_mask=keep)
     step = mha.flash.QUERY_BLOCKS_PER_STEP * block
     starts = [t.q0 // step for t in tiles]
@@ -127,5 +138,9 @@ def test_schedule_runs_query_steps_outer_and_covers_every_kept_pair(L, S, block,
         covered[t.q0 : t.q1, t.k0 : t.k1] = True
     assert not (keep & ~covered).any()
     q, k, v = qkv(L, S, batch=(1,))
-    assert_close(mha.flash_attention(q, k, v, keep, is_causal, block_size=block),
-                 F.scaled_dot_product_attention(q, k, v, attn_mask=keep & (mha.causal_mask(L, S) if is_causal else True)))
+    assert_close(
+        mha.flash_attention(q, k, v, keep, is_causal, block_size=block),
+        F.scaled_dot_product_attention(
+            q, k, v, attn_mask=keep & (mha.causal_mask(L, S) if is_causal else True)
+        ),
+    )

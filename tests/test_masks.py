@@ -10,7 +10,10 @@ import mha
 
 
 def test_causal_mask_matches_torch_is_causal():
-    q, k, v = (torch.randn(1, 2, n, 4, generator=torch.Generator().manual_seed(i)) for i, n in enumerate((5, 8, 8)))
+    q, k, v = (
+        torch.randn(1, 2, n, 4, generator=torch.Generator().manual_seed(i))
+        for i, n in enumerate((5, 8, 8))
+    )
     assert mha.causal_mask(5, 8).shape == (5, 8)
     assert_close(
         F.scaled_dot_product_attention(q, k, v, attn_mask=mha.causal_mask(5, 8)),
@@ -19,7 +22,11 @@ def test_causal_mask_matches_torch_is_causal():
 
 
 def test_causal_mask_values():
-    assert mha.causal_mask(3).tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    assert mha.causal_mask(3).tolist() == [
+        [True, False, False],
+        [True, True, False],
+        [True, True, True],
+    ]
     assert mha.causal_mask(2, 3).tolist() == [[True, False, False], [True, True, False]]
 
 
@@ -47,7 +54,11 @@ def test_sliding_window():
 def test_padding_mask_shape_and_values():
     mask = mha.padding_mask(torch.tensor([3, 1, 0]), 4)
     assert mask.shape == (3, 1, 1, 4) and mask.dtype == torch.bool
-    assert mask[:, 0, 0].tolist() == [[True, True, True, False], [True, False, False, False], [False] * 4]
+    assert mask[:, 0, 0].tolist() == [
+        [True, True, True, False],
+        [True, False, False, False],
+        [False] * 4,
+    ]
     assert torch.equal(mha.padding_mask([3, 1, 0], 4), mask)
 
 
@@ -57,10 +68,26 @@ def test_padding_mask_shape_and_values():
         (lambda: mha.causal_mask(0), ValueError, "L must be positive, got 0"),
         (lambda: mha.causal_mask(3.0), TypeError, "L must be an int, got float"),
         (lambda: mha.causal_mask_bottom_right(4, 2), ValueError, "needs S >= L, got L=4 and S=2"),
-        (lambda: mha.sliding_window_mask(4, window=0), ValueError, "window must be positive, got 0"),
-        (lambda: mha.padding_mask(torch.tensor([1.0]), 4), TypeError, "lengths must hold integers, got dtype torch.float32"),
-        (lambda: mha.padding_mask(torch.tensor([[1]]), 4), ValueError, r"lengths must be 1-D \(B,\), got shape \(1, 1\)"),
-        (lambda: mha.padding_mask(torch.tensor([5, 2]), 4), ValueError, r"lengths must lie in \[0, S=4\], got min 2 and max 5"),
+        (
+            lambda: mha.sliding_window_mask(4, window=0),
+            ValueError,
+            "window must be positive, got 0",
+        ),
+        (
+            lambda: mha.padding_mask(torch.tensor([1.0]), 4),
+            TypeError,
+            "lengths must hold integers, got dtype torch.float32",
+        ),
+        (
+            lambda: mha.padding_mask(torch.tensor([[1]]), 4),
+            ValueError,
+            r"lengths must be 1-D \(B,\), got shape \(1, 1\)",
+        ),
+        (
+            lambda: mha.padding_mask(torch.tensor([5, 2]), 4),
+            ValueError,
+            r"lengths must lie in \[0, S=4\], got min 2 and max 5",
+        ),
     ],
 )
 def test_errors(call, error, message):

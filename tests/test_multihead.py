@@ -106,8 +106,12 @@ def test_gqa_equals_mha_with_explicitly_repeated_heads(num_kv_heads):
         full.out_proj.load_state_dict(gqa.out_proj.state_dict())
         for src, dst in ((gqa.k_proj, full.k_proj), (gqa.v_proj, full.v_proj)):
             # query head i reads key/value head i // group: repeat each kv head's rows `group` times
-            dst.weight.copy_(src.weight.view(num_kv_heads, D, -1).repeat_interleave(group, 0).reshape(H * D, -1))
-            dst.bias.copy_(src.bias.view(num_kv_heads, D).repeat_interleave(group, 0).reshape(H * D))
+            dst.weight.copy_(
+                src.weight.view(num_kv_heads, D, -1).repeat_interleave(group, 0).reshape(H * D, -1)
+            )
+            dst.bias.copy_(
+                src.bias.view(num_kv_heads, D).repeat_interleave(group, 0).reshape(H * D)
+            )
     x = randn(2, 7, H * D)
     out_gqa, w_gqa = gqa(x, need_weights=True, is_causal=True)
     out_full, w_full = full(x, need_weights=True, is_causal=True)
@@ -127,11 +131,15 @@ def test_gqa_equals_mha_with_explicitly_repeated_heads(num_kv_heads):
 @pytest.mark.parametrize("num_kv_heads", [4, 1])
 def test_kv_cache_decoding_equals_one_causal_pass(backend, chunk, num_kv_heads):
     torch.manual_seed(0)
-    model = mha.MultiHeadAttention(32, 4, num_kv_heads=num_kv_heads, backend=backend, dtype=torch.float64).eval()
+    model = mha.MultiHeadAttention(
+        32, 4, num_kv_heads=num_kv_heads, backend=backend, dtype=torch.float64
+    ).eval()
     x = randn(2, 10, 32)
     full = model(x, is_causal=True)[0]
     cache = mha.KVCache()
-    steps = [model(x[:, i : i + chunk], is_causal=True, kv_cache=cache)[0] for i in range(0, 10, chunk)]
+    steps = [
+        model(x[:, i : i + chunk], is_causal=True, kv_cache=cache)[0] for i in range(0, 10, chunk)
+    ]
     assert_close(torch.cat(steps, dim=1), full)
     assert len(cache) == 10
     D = 8
@@ -148,7 +156,10 @@ def test_kv_cache_with_padding_mask():
     keep[1, ..., 1] = False  # sequence 1 hides token 1 from everyone
     full = model(x, attn_mask=keep, is_causal=True)[0]
     cache = mha.KVCache()
-    steps = [model(x[:, i : i + 1], attn_mask=keep[..., : i + 1], is_causal=True, kv_cache=cache)[0] for i in range(6)]
+    steps = [
+        model(x[:, i : i + 1], attn_mask=keep[..., : i + 1], is_causal=True, kv_cache=cache)[0]
+        for i in range(6)
+    ]
     assert_close(torch.cat(steps, 1), full)
 
 

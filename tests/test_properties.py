@@ -33,10 +33,14 @@ def problems(draw, square=False):
 def test_backends_agree_with_each_other_and_torch(problem, block_size, is_causal):
     q, k, v, keep, _ = problem
     ref = mha.scaled_dot_product_attention(q, k, v, keep, is_causal=is_causal)
-    assert_close(mha.flash_attention(q, k, v, keep, is_causal=is_causal, block_size=block_size), ref)
+    assert_close(
+        mha.flash_attention(q, k, v, keep, is_causal=is_causal, block_size=block_size), ref
+    )
     L, S = q.shape[-2], k.shape[-2]
     visible = keep & mha.causal_mask(L, S) if is_causal else keep
-    rows_with_keys = visible.any(-1, keepdim=True).expand_as(visible[..., :1])  # torch gives NaN or 0 elsewhere
+    rows_with_keys = visible.any(-1, keepdim=True).expand_as(
+        visible[..., :1]
+    )  # torch gives NaN or 0 elsewhere
     torch_out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
     assert_close(
         ref.masked_select(rows_with_keys.expand_as(ref)),
@@ -86,7 +90,12 @@ def test_padding_invariance(problem, pad):
 
 
 @SETTINGS
-@given(st.integers(1, 3), st.integers(1, 9), st.sampled_from([(4, 4), (4, 2), (4, 1), (6, 3)]), st.integers(0, 999))
+@given(
+    st.integers(1, 3),
+    st.integers(1, 9),
+    st.sampled_from([(4, 4), (4, 2), (4, 1), (6, 3)]),
+    st.integers(0, 999),
+)
 def test_module_backends_agree(B, L, heads, seed):
     H, Hkv = heads
     torch.manual_seed(seed)

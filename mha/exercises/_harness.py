@@ -94,10 +94,12 @@ def _close(a: object, b: object, atol: float, rtol: float, exact_dtype: bool) ->
             return torch.equal(a, b)
         return bool(torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=True))
     if isinstance(b, (tuple, list)):
-        return isinstance(a, (tuple, list)) and len(a) == len(b) and all(
-            _close(x, y, atol, rtol, exact_dtype) for x, y in zip(a, b)
+        return (
+            isinstance(a, (tuple, list))
+            and len(a) == len(b)
+            and all(_close(x, y, atol, rtol, exact_dtype) for x, y in zip(a, b))
         )
-    if isinstance(b, float) and type(a) in (int, float):
+    if isinstance(b, float) and (type(a) is int or type(a) is float):
         return abs(a - b) <= atol + rtol * abs(b)
     return type(a) is type(b) and a == b
 
@@ -109,8 +111,9 @@ def difference(
     if not isinstance(want, Tensor):
         if _close(got, want, atol, rtol, False):
             return None
-        return "is {}, expected {}".format(*(f"{v:.3g}" if isinstance(v, float) else repr(v)
-                                             for v in (got, want)))
+        return "is {}, expected {}".format(
+            *(f"{v:.3g}" if isinstance(v, float) else repr(v) for v in (got, want))
+        )
     if not isinstance(got, Tensor):
         return f"gave {type(got).__name__}, expected a torch.Tensor"
     if got.shape != want.shape:
@@ -136,8 +139,9 @@ def forbid(targets: Sequence[tuple[object, str]], message: str) -> Iterator[None
         raise ExerciseError(message)
 
     # (owner, name, own attribute or None if inherited): restoring leaves no trace
-    saved = [(owner, name, vars(owner).get(name)) for owner, name in targets
-             if hasattr(owner, name)]
+    saved = [
+        (owner, name, vars(owner).get(name)) for owner, name in targets if hasattr(owner, name)
+    ]
     try:
         for owner, name, _ in saved:
             setattr(owner, name, tripwire)
@@ -188,8 +192,10 @@ class Exercise:
                 raise NotAttempted
             detail = self.custom(answer) if self.custom else self._run(answer)
         except NotAttempted:  # not an error: "Run all" in Colab goes on past an unsolved exercise
-            print(f"⏳ {self.name}: not attempted yet — write your answer in the cell above, "
-                  "then run it again.")
+            print(
+                f"⏳ {self.name}: not attempted yet — write your answer in the cell above, "
+                "then run it again."
+            )
             return
         print(f"✅ {self.name}: correct — {detail}")
 
@@ -205,19 +211,25 @@ class Exercise:
             self.check(answer[0] if len(answer) == 1 else answer)
 
         check.__name__ = check.__qualname__ = self.name
-        check.__doc__, check.__signature__ = self.doc, signature
+        check.__doc__ = self.doc
+        vars(check)["__signature__"] = signature  # what inspect.signature and help() show
         return check
 
     def accepted_answer(self) -> object:
         """An answer the checker accepts (the tests try it)."""
         if self.solution is not None:
             return self.solution
-        return self.reference() if self.prediction else self.reference
+        return self._truth() if self.prediction else self.reference
 
     def wrong_answers(self) -> list[tuple[object, str]]:
         """Every known mistake as an answer to the checker, with its hint (the tests try them)."""
-        truth = self.reference() if self.prediction else None
+        truth = self._truth() if self.prediction else None
         return [(m.fn(truth) if self.prediction else m.fn, m.hint) for m in self.mistakes]
+
+    def _truth(self, *args: Any, **kwargs: Any) -> Any:
+        """The reference's output; only an exercise with a ``custom`` check has no reference."""
+        assert self.reference is not None, f"{self.name} has no reference"
+        return self.reference(*args, **kwargs)
 
     def _run(self, answer: object) -> str:
         want = None
@@ -225,12 +237,13 @@ class Exercise:
             if case.expected is not None:
                 want = case.expected
             else:
-                want = self.reference(*case.args, **case.kwargs)
+                want = self._truth(*case.args, **case.kwargs)
                 want = self.convert(want) if self.prediction and self.convert else want
             with self.context() if self.context else contextlib.nullcontext():
                 got = self._output(answer, case)
-            if index == 0 and (got is None or isinstance(got, _Raised)
-                               and isinstance(got.err, NotImplementedError)):
+            if index == 0 and (
+                got is None or isinstance(got, _Raised) and isinstance(got.err, NotImplementedError)
+            ):
                 raise NotAttempted
             message = self._diagnose(case, got, want)
             if message:
@@ -245,8 +258,10 @@ class Exercise:
             elif self.prediction:
                 out = answer
             else:  # fresh copies: an answer that works in place must not spoil the next case
-                out = answer(*[a.clone() if isinstance(a, Tensor) else a for a in case.args],
-                             **case.kwargs)
+                assert callable(answer)  # check() turned any other answer away
+                out = answer(
+                    *[a.clone() if isinstance(a, Tensor) else a for a in case.args], **case.kwargs
+                )
         except (ExerciseError, NotAttempted):
             raise
         except Exception as err:  # noqa: BLE001 - the learner's bug: quoted back with a hint
@@ -268,8 +283,11 @@ class Exercise:
                     return hint
                 continue
             if index is not None:
-                ok = isinstance(out, tuple) and len(out) == len(self.outputs)
-                out = out[index] if ok else _MISSING
+                out = (
+                    out[index]
+                    if isinstance(out, tuple) and len(out) == len(self.outputs)
+                    else _MISSING
+                )
             # a "mistake" that is right on this input says nothing about the learner's answer
             if not _close(out, want, atol, rtol, exact) and _close(got, out, atol, rtol, exact):
                 return hint
@@ -280,15 +298,18 @@ class Exercise:
             return self.hint(name)
         return self.hint.get(name, "") if isinstance(self.hint, Mapping) else self.hint
 
-    def _diagnose(self, case: Case, got: object, want: object) -> str | None:
-        """The error message for a wrong output, or None if ``got`` is right."""
+    def _diagnose(self, case: Case, got: object, want: Any) -> str | None:
+        """The error message for a wrong output, or None if ``got`` is right. ``want`` is the
+        reference's output: a sequence of the parts named by ``outputs`` when there are any."""
         if isinstance(got, _Raised):
             hint = self._known(case, got, want, None) or self.crash_hint
             return f"{case.label} raised {got}. {hint}".rstrip()
         if not self.outputs:
             problem = difference(got, want, **self._tolerance(case))
-            hint = problem and (self._known(case, got, want, None) or self._generic_hint(""))
-            return problem and f"{case.label} {problem}. {hint}".rstrip()
+            if not problem:
+                return problem
+            hint = self._known(case, got, want, None) or self._generic_hint("")
+            return f"{case.label} {problem}. {hint}".rstrip()
         if not (isinstance(got, tuple) and len(got) == len(self.outputs)):
             hint = self._known(case, got, want, None) or ""
             names, kind = ", ".join(self.outputs), type(got).__name__

@@ -53,32 +53,48 @@ SOFTMAX = Exercise(
     lambda x, dim=-1: torch.softmax(x.float(), dim=dim).to(x.dtype),
     _softmax_cases,
     (
-        Mistake(lambda x, dim=-1: _normalise(x.exp(), dim),
-                "exp() overflowed: exp(89) is already inf in float32 (exp(11.1) in float16), and "
-                "inf/inf is NaN. Subtract the maximum along `dim` before exponentiating: "
-                "softmax(x) = softmax(x - max)."),
-        Mistake(lambda x, dim=-1: _normalise((x - x.max()).exp(), dim),
-                "Subtract the maximum of each slice along `dim` (x.amax(dim=dim, keepdim=True)), "
-                "not one global maximum: a row far below the global max underflows to all zeros, "
-                "and 0/0 is NaN."),
-        Mistake(lambda x, dim=-1: _stable(x, -1),
-                "You normalised along the last axis, not along `dim`. " + _HINT_AXIS),
-        Mistake(lambda x, dim=-1: _normalise((x - x.max()).exp(), None),
-                "You divided by the sum of the whole tensor. " + _HINT_AXIS),
-        Mistake(lambda x, dim=-1: _stable(x.float(), dim),
-                "Keep the input's dtype: a float16 input gives a float16 softmax (compute in "
-                "float32 inside if you like, then convert back)."),
+        Mistake(
+            lambda x, dim=-1: _normalise(x.exp(), dim),
+            "exp() overflowed: exp(89) is already inf in float32 (exp(11.1) in float16), and "
+            "inf/inf is NaN. Subtract the maximum along `dim` before exponentiating: "
+            "softmax(x) = softmax(x - max).",
+        ),
+        Mistake(
+            lambda x, dim=-1: _normalise((x - x.max()).exp(), dim),
+            "Subtract the maximum of each slice along `dim` (x.amax(dim=dim, keepdim=True)), "
+            "not one global maximum: a row far below the global max underflows to all zeros, "
+            "and 0/0 is NaN.",
+        ),
+        Mistake(
+            lambda x, dim=-1: _stable(x, -1),
+            "You normalised along the last axis, not along `dim`. " + _HINT_AXIS,
+        ),
+        Mistake(
+            lambda x, dim=-1: _normalise((x - x.max()).exp(), None),
+            "You divided by the sum of the whole tensor. " + _HINT_AXIS,
+        ),
+        Mistake(
+            lambda x, dim=-1: _stable(x.float(), dim),
+            "Keep the input's dtype: a float16 input gives a float16 softmax (compute in "
+            "float32 inside if you like, then convert back).",
+        ),
     ),
     hint="Each slice along `dim` must be exp(x - max) divided by its own sum.",
     crash_hint=_HINT_AXIS,
-    atol=1e-6, rtol=1e-5, exact_dtype=True,
+    atol=1e-6,
+    rtol=1e-5,
+    exact_dtype=True,
     context=lambda: forbid(
-        [(m, n) for m in (torch, torch.special, F, torch.Tensor, mha)
-         for n in ("softmax", "log_softmax")],
+        [
+            (m, n)
+            for m in (torch, torch.special, F, torch.Tensor, mha)
+            for n in ("softmax", "log_softmax")
+        ],
         "check_softmax: write softmax yourself from exp, max and sum, without calling "
         "torch.softmax or its aliases.",
     ),
-    solution=lambda x, dim=-1: _stable(x, dim), params=("my_softmax",),
+    solution=lambda x, dim=-1: _stable(x, dim),
+    params=("my_softmax",),
     doc="""Check a hand-written, numerically stable ``my_softmax(x, dim=-1)`` (no torch.softmax)
     against ``torch.softmax``: small logits, logits of 1000, rows of very different size, a middle
     axis, float16.""",
@@ -96,7 +112,9 @@ def _as_numbers(answer: tuple[object, object]) -> tuple[float, float]:
     for name, value in zip(("unscaled", "scaled"), answer):
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise ExerciseError(f"{name} should be a number, got {value!r}.")
-    return float(answer[0]), float(answer[1])
+    unscaled, scaled = answer[0], answer[1]
+    assert isinstance(unscaled, numbers.Real) and isinstance(scaled, numbers.Real)  # checked above
+    return float(unscaled), float(scaled)
 
 
 _HINT_SCALED = "dividing a variable by c divides its variance by c², here by d_k."
@@ -106,11 +124,15 @@ QK_VARIANCE_PREDICTION = Exercise(
     lambda want: f"measured {want[0]:.1f} unscaled and {want[1]:.2f} scaled",
     _variances,
     mistakes=(
-        Mistake(lambda t: (math.sqrt(t[0]), t[1]),
-                "that is the standard deviation √d_k; the variance is its square."),
-        Mistake(lambda t: (1.0, t[1]),
-                "each product q_i·k_i has variance 1, and the variances of the 64 independent "
-                "terms add up."),
+        Mistake(
+            lambda t: (math.sqrt(t[0]), t[1]),
+            "that is the standard deviation √d_k; the variance is its square.",
+        ),
+        Mistake(
+            lambda t: (1.0, t[1]),
+            "each product q_i·k_i has variance 1, and the variances of the 64 independent "
+            "terms add up.",
+        ),
         Mistake(lambda t: (t[0], 1 / math.sqrt(64)), _HINT_SCALED),
         Mistake(lambda t: (t[0], math.sqrt(64)), _HINT_SCALED),
     ),
@@ -119,8 +141,11 @@ QK_VARIANCE_PREDICTION = Exercise(
         "variance E[q_i²]·E[k_i²] = 1.",
         "scaled": "Var(x / c) = Var(x) / c²; with c = √d_k that undoes the growth exactly.",
     },
-    atol=0.0, rtol=0.1,  # within 10% of the measurement
-    outputs=("unscaled", "scaled"), prediction=True, convert=_as_numbers,
+    atol=0.0,
+    rtol=0.1,  # within 10% of the measurement
+    outputs=("unscaled", "scaled"),
+    prediction=True,
+    convert=_as_numbers,
     params=("unscaled", "scaled"),
     doc="""Check predicted variances of q·k and q·k/√64 for standard normal q, k with d_k = 64,
     within 10% of the variances measured on 100,000 random pairs.""",
@@ -138,20 +163,30 @@ SHAPE_PREDICTION = Exercise(
     lambda want: f"weights {want[0]}, out {want[1]}",
     _true_shapes,
     mistakes=(
-        Mistake(lambda t: ((2, 8, 7, 10), t[1]),
-                "rows are queries (L = 10) and columns are keys (S = 7), not the other way."),
-        Mistake(lambda t: ((2, 8, 10, 64), t[1]),
-                "the head dim D is summed away by q @ kᵀ: one score per (query, key) pair."),
-        Mistake(lambda t: (t[0], (2, 8, 10, 64)),
-                "the output mixes value rows, so its last dim is the value dim Dv = 32."),
-        Mistake(lambda t: (t[0], (2, 8, 7, 32)),
-                "there is one output row per query (L = 10), whatever the number of keys."),
+        Mistake(
+            lambda t: ((2, 8, 7, 10), t[1]),
+            "rows are queries (L = 10) and columns are keys (S = 7), not the other way.",
+        ),
+        Mistake(
+            lambda t: ((2, 8, 10, 64), t[1]),
+            "the head dim D is summed away by q @ kᵀ: one score per (query, key) pair.",
+        ),
+        Mistake(
+            lambda t: (t[0], (2, 8, 10, 64)),
+            "the output mixes value rows, so its last dim is the value dim Dv = 32.",
+        ),
+        Mistake(
+            lambda t: (t[0], (2, 8, 7, 32)),
+            "there is one output row per query (L = 10), whatever the number of keys.",
+        ),
     ),
     hint={
         "weights": "one weight per (query, key) pair in every batch and head: (B, H, L, S).",
         "out": "(B, H, L, S) weights times (B, H, S, Dv) values gives (B, H, L, Dv).",
     },
-    outputs=("weights", "out"), prediction=True, params=("weights", "out"),
+    outputs=("weights", "out"),
+    prediction=True,
+    params=("weights", "out"),
     convert=lambda answer: (as_shape(answer[0], "weights"), as_shape(answer[1], "out")),
     doc="""Check the predicted shapes of the weights and the output of attention with query
     (2, 8, 10, 64), key (2, 8, 7, 64), value (2, 8, 7, 32), found by running torch's operators.""",
@@ -172,8 +207,11 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, dim:
 def _sdpa_cases() -> list[Case]:
     g = torch.Generator().manual_seed(3)
     cases = []
-    for shapes in [((2, 3, 4, 8), (2, 3, 6, 8), (2, 3, 6, 5)), ((2, 5, 6), (2, 6, 6), (2, 6, 3)),
-                   ((3, 4), (7, 4), (7, 2))]:  # (..., L, D), (..., S, D), (..., S, Dv)
+    for shapes in [
+        ((2, 3, 4, 8), (2, 3, 6, 8), (2, 3, 6, 5)),
+        ((2, 5, 6), (2, 6, 6), (2, 6, 3)),
+        ((3, 4), (7, 4), (7, 2)),
+    ]:  # (..., L, D), (..., S, D), (..., S, Dv)
         label = "my_attention(q, k, v) with q {}, k {}, v {}".format(*shapes)
         # std 3 so that a missing or wrong scale changes the result clearly
         cases.append(Case(label, tuple(torch.randn(*s, generator=g) * 3 for s in shapes)))
@@ -186,22 +224,33 @@ SDPA = Exercise(
     F.scaled_dot_product_attention,
     _sdpa_cases,
     (
-        Mistake(lambda q, k, v: _attention(q, k, v, 1.0),
-                "Scale the scores by 1/√D (D = q.shape[-1]) before the softmax; without it the "
-                "softmax saturates as D grows."),
-        Mistake(lambda q, k, v: _attention(q, k, v, 1 / q.shape[-1]),
-                "The scale is 1/√D, not 1/D."),
-        Mistake(lambda q, k, v: _attention(q, k, v, math.sqrt(q.shape[-1])),
-                "Divide the scores by √D; you multiplied by it."),
-        Mistake(lambda q, k, v: _attention(q, k, v, dim=-2),
-                "The softmax runs over the keys (dim=-1): each query's weights must sum to 1. You "
-                "normalised over the queries (dim=-2)."),
+        Mistake(
+            lambda q, k, v: _attention(q, k, v, 1.0),
+            "Scale the scores by 1/√D (D = q.shape[-1]) before the softmax; without it the "
+            "softmax saturates as D grows.",
+        ),
+        Mistake(
+            lambda q, k, v: _attention(q, k, v, 1 / q.shape[-1]), "The scale is 1/√D, not 1/D."
+        ),
+        Mistake(
+            lambda q, k, v: _attention(q, k, v, math.sqrt(q.shape[-1])),
+            "Divide the scores by √D; you multiplied by it.",
+        ),
+        Mistake(
+            lambda q, k, v: _attention(q, k, v, dim=-2),
+            "The softmax runs over the keys (dim=-1): each query's weights must sum to 1. You "
+            "normalised over the queries (dim=-2).",
+        ),
         Mistake(lambda q, k, v: _attention(q, k.transpose(-2, -1), v), _HINT_TRANSPOSE),
-        Mistake(lambda q, k, v: _attention(q, k, torch.eye(k.shape[-2])),
-                "That is the shape of the weights (..., L, S). Multiply the weights by v to get "
-                "the output (..., L, Dv)."),
-        Mistake(lambda q, k, v: (_attention(q, k, v), q @ k.mT),
-                "You returned a tuple; return only the output tensor."),
+        Mistake(
+            lambda q, k, v: _attention(q, k, torch.eye(k.shape[-2])),
+            "That is the shape of the weights (..., L, S). Multiply the weights by v to get "
+            "the output (..., L, Dv).",
+        ),
+        Mistake(
+            lambda q, k, v: (_attention(q, k, v), q @ k.mT),
+            "You returned a tuple; return only the output tensor.",
+        ),
     ),
     hint="out must equal softmax(q @ kᵀ / √D, dim=-1) @ v.",
     crash_hint=_HINT_TRANSPOSE,
@@ -210,7 +259,8 @@ SDPA = Exercise(
         "check_sdpa: build attention from matmul and softmax yourself, without calling a "
         "ready-made scaled_dot_product_attention.",
     ),
-    solution=_attention, params=("my_attention",),
+    solution=_attention,
+    params=("my_attention",),
     doc="""Check a hand-written ``my_attention(q, k, v)`` = softmax(q kᵀ / √D) v against
     ``F.scaled_dot_product_attention`` (which it must not call): 2-D to 4-D, L ≠ S, D ≠ Dv.""",
 )

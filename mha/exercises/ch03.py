@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -67,19 +68,25 @@ SPLIT_HEADS = Exercise(
     _split_cases,
     (
         Mistake(_SPLITS["flat"], _HINT_SPLIT_FLAT),
-        Mistake(lambda x, H: x.reshape(x.shape[0] * H, -1, x.shape[-1] // H),
-                "That is the post's (B·H, L, D) layout, and it is more than a shape problem: "
-                "viewing (B, L, E) as (B·H, -1, D) without a transpose puts chunks of the same "
-                "tokens into one 'head'. Return (B, H, L, D) = x.view(B, L, H, D)"
-                ".transpose(1, 2)."),
-        Mistake(lambda x, H: x.unflatten(-1, (H, -1)),
-                "You split the features into (B, L, H, D) but did not move the heads in front of "
-                "the tokens: add .transpose(1, 2), so that every head sees all L tokens."),
+        Mistake(
+            lambda x, H: x.reshape(x.shape[0] * H, -1, x.shape[-1] // H),
+            "That is the post's (B·H, L, D) layout, and it is more than a shape problem: "
+            "viewing (B, L, E) as (B·H, -1, D) without a transpose puts chunks of the same "
+            "tokens into one 'head'. Return (B, H, L, D) = x.view(B, L, H, D)"
+            ".transpose(1, 2).",
+        ),
+        Mistake(
+            lambda x, H: x.unflatten(-1, (H, -1)),
+            "You split the features into (B, L, H, D) but did not move the heads in front of "
+            "the tokens: add .transpose(1, 2), so that every head sees all L tokens.",
+        ),
         Mistake(_SPLITS["interleaved"], _HINT_INTERLEAVED),
     ),
     hint="Head h of token i must be x[b, i, h·D:(h+1)·D].",
     crash_hint="x.view(B, L, H, D).transpose(1, 2) works for any B and L.",
-    atol=0.0, rtol=0.0, params=("split_heads",),
+    atol=0.0,
+    rtol=0.0,
+    params=("split_heads",),
     doc="Check ``split_heads(x, num_heads)``: (B, L, E) -> (B, H, L, D), head h = features "
     "h·D..(h+1)·D-1 of every token, as in ``nn.MultiheadAttention``.",
 )
@@ -98,46 +105,91 @@ MERGE_HEADS = Exercise(
     _merge_cases,
     (
         Mistake(_MERGES["flat"], _HINT_MERGE_FLAT),
-        Mistake(lambda x: x.transpose(1, 2).view(x.shape[0], x.shape[2], -1),
-                "view() needs memory laid out in the new order; after a transpose it is not. Use "
-                ".reshape(...) (or .contiguous().view(...)) to merge the heads back."),
-        Mistake(_MERGES["interleaved"],
-                "You interleaved the heads feature by feature. Concatenate whole heads: [head 0 "
-                "(D values) | head 1 (D values) | ...], i.e. transpose(1, 2) then reshape."),
-        Mistake(lambda x: x.flatten(1, 2),
-                "You stacked the heads along the tokens. Concatenate them along the features, "
-                "(B, L, H·D)."),
+        Mistake(
+            lambda x: x.transpose(1, 2).view(x.shape[0], x.shape[2], -1),
+            "view() needs memory laid out in the new order; after a transpose it is not. Use "
+            ".reshape(...) (or .contiguous().view(...)) to merge the heads back.",
+        ),
+        Mistake(
+            _MERGES["interleaved"],
+            "You interleaved the heads feature by feature. Concatenate whole heads: [head 0 "
+            "(D values) | head 1 (D values) | ...], i.e. transpose(1, 2) then reshape.",
+        ),
+        Mistake(
+            lambda x: x.flatten(1, 2),
+            "You stacked the heads along the tokens. Concatenate them along the features, "
+            "(B, L, H·D).",
+        ),
     ),
     hint="Row i of the result must be torch.cat([x[b, 0, i], x[b, 1, i], ...]).",
     crash_hint="x.transpose(1, 2).reshape(B, L, H·D) works for any B, H, L, D.",
-    atol=0.0, rtol=0.0, params=("merge_heads",),
+    atol=0.0,
+    rtol=0.0,
+    params=("merge_heads",),
     doc="Check ``merge_heads(x)``: (B, H, L, D) -> (B, L, H·D), row i = [head 0 of token i | "
     "head 1 of token i | ...].",
 )
 
 
 @torch.no_grad()
-def _torch_mha(query: Tensor, key: Tensor, value: Tensor, *projs: nn.Linear) -> Tensor:
+def _torch_mha(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    q_proj: nn.Linear,
+    k_proj: nn.Linear,
+    v_proj: nn.Linear,
+    out_proj: nn.Linear,
+    num_heads: int,
+) -> Tensor:
     """torch's multi-head attention, given the projections (q, k, v, out) and num_heads."""
-    (q_proj, k_proj, v_proj, out_proj), num_heads = projs[:4], projs[4]
     out, _ = F.multi_head_attention_forward(
-        *(t.transpose(0, 1) for t in (query, key, value)), query.shape[-1], num_heads,  # (L, B, E)
-        None, torch.cat([q_proj.bias, k_proj.bias, v_proj.bias]), None, None, False, 0.0,
-        out_proj.weight, out_proj.bias, training=False, need_weights=False,
-        use_separate_proj_weight=True, q_proj_weight=q_proj.weight, k_proj_weight=k_proj.weight,
+        query.transpose(0, 1),  # (L, B, E)
+        key.transpose(0, 1),
+        value.transpose(0, 1),
+        query.shape[-1],
+        num_heads,
+        None,
+        torch.cat([q_proj.bias, k_proj.bias, v_proj.bias]),
+        None,
+        None,
+        False,
+        0.0,
+        out_proj.weight,
+        out_proj.bias,
+        training=False,
+        need_weights=False,
+        use_separate_proj_weight=True,
+        q_proj_weight=q_proj.weight,
+        k_proj_weight=k_proj.weight,
         v_proj_weight=v_proj.weight,
     )
     return out.transpose(0, 1)  # (B, L, E)
 
 
 @torch.no_grad()
-def _mha_variant(query: Tensor, key: Tensor, value: Tensor, q_proj: nn.Module, k_proj: nn.Module,
-                 v_proj: nn.Module, out_proj: nn.Module, num_heads: int, *, split: str = "ok",
-                 merge: str = "ok", scale: str = "head", dim: int = -1, project: bool = True):
+def _mha_variant(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    q_proj: nn.Module,
+    k_proj: nn.Module,
+    v_proj: nn.Module,
+    out_proj: nn.Module,
+    num_heads: int,
+    *,
+    split: str = "ok",
+    merge: str = "ok",
+    scale: str = "head",
+    dim: int = -1,
+    project: bool = True,
+):
     """Multi-head attention written out: right with the defaults, or with one usual mistake."""
     H, E = num_heads, query.shape[-1]
-    q, k, v = (_SPLITS[split](p(t), H)  # (B, H, L or S, D)
-               for p, t in zip((q_proj, k_proj, v_proj), (query, key, value)))
+    q, k, v = (
+        _SPLITS[split](p(t), H)  # (B, H, L or S, D)
+        for p, t in zip((q_proj, k_proj, v_proj), (query, key, value))
+    )
     factor = {"head": 1 / math.sqrt(E // H), "none": 1.0, "model": 1 / math.sqrt(E)}[scale]
     heads = torch.softmax(q @ k.transpose(-2, -1) * factor, dim=dim) @ v  # (B, H, L, D)
     if merge == "none":
@@ -146,23 +198,51 @@ def _mha_variant(query: Tensor, key: Tensor, value: Tensor, q_proj: nn.Module, k
     return out_proj(out) if project else out
 
 
-_MHA_MISTAKES: list[tuple[dict[str, object], str]] = [
-    ({"split": "flat", "merge": "flat"}, "You split and merge the heads with a view and no "
-     "transpose, as the post's second implementation does. " + _HINT_SPLIT_FLAT),
+_MHA_MISTAKES: list[tuple[dict[str, Any], str]] = [
+    (
+        {"split": "flat", "merge": "flat"},
+        "You split and merge the heads with a view and no "
+        "transpose, as the post's second implementation does. " + _HINT_SPLIT_FLAT,
+    ),
     ({"split": "flat"}, _HINT_SPLIT_FLAT),
     ({"merge": "flat"}, "The split is right, the merge is not. " + _HINT_MERGE_FLAT),
     ({"split": "interleaved", "merge": "interleaved"}, _HINT_INTERLEAVED),
-    ({"scale": "none"}, ("The scores are not scaled. Multiply q @ kᵀ by 1/√D, with D = E // "
-                         "num_heads the head dim, before the softmax.")),
-    ({"scale": "model"}, ("You scaled by 1/√E, the model width. Each head is an attention of "
-                          "dimension D = E // num_heads, so its scores are scaled by 1/√D.")),
-    ({"project": False}, ("You returned Concat(head_1, ..., head_h) without the output "
-                          "projection W_O. Apply out_proj to the merged heads: it is what mixes "
-                          "the heads' results.")),
-    ({"dim": -2}, ("The softmax runs over the keys (dim=-1, the S axis), so that every query's "
-                   "weights sum to 1; you normalised over the queries (dim=-2).")),
-    ({"merge": "none"}, ("These are still the per-head outputs (B, H, L, D): merge the heads "
-                         "back to (B, L, E) and apply out_proj.")),
+    (
+        {"scale": "none"},
+        (
+            "The scores are not scaled. Multiply q @ kᵀ by 1/√D, with D = E // "
+            "num_heads the head dim, before the softmax."
+        ),
+    ),
+    (
+        {"scale": "model"},
+        (
+            "You scaled by 1/√E, the model width. Each head is an attention of "
+            "dimension D = E // num_heads, so its scores are scaled by 1/√D."
+        ),
+    ),
+    (
+        {"project": False},
+        (
+            "You returned Concat(head_1, ..., head_h) without the output "
+            "projection W_O. Apply out_proj to the merged heads: it is what mixes "
+            "the heads' results."
+        ),
+    ),
+    (
+        {"dim": -2},
+        (
+            "The softmax runs over the keys (dim=-1, the S axis), so that every query's "
+            "weights sum to 1; you normalised over the queries (dim=-2)."
+        ),
+    ),
+    (
+        {"merge": "none"},
+        (
+            "These are still the per-head outputs (B, H, L, D): merge the heads "
+            "back to (B, L, E) and apply out_proj."
+        ),
+    ),
 ]
 _HINT_MHA = (
     "Check each step against the chapter: project, split (view(B, N, H, D).transpose(1, 2)), "
@@ -180,8 +260,9 @@ def _linear(g: torch.Generator, fan_in: int, fan_out: int) -> nn.Linear:
     return layer
 
 
-def _mha_case(g: torch.Generator, label: str, L: int, S: int, H: int, kdim: int = 12,
-              vdim: int = 12) -> Case:
+def _mha_case(
+    g: torch.Generator, label: str, L: int, S: int, H: int, kdim: int = 12, vdim: int = 12
+) -> Case:
     """``(query, key, value, q_proj, k_proj, v_proj, out_proj, num_heads)``, B = 2, E = 12;
     self-attention when ``S`` is 0."""
     projs = (_linear(g, 12, 12), _linear(g, kdim, 12), _linear(g, vdim, 12), _linear(g, 12, 12))
@@ -194,8 +275,16 @@ def _forward_cases() -> list[Case]:
     g = torch.Generator().manual_seed(32)
     return [
         _mha_case(g, "multi_head_forward on self-attention, x (2, 5, 12), num_heads=3", 5, 0, 3),
-        _mha_case(g, "multi_head_forward on cross-attention, query (2, 4, 12), key (2, 7, 7), "
-                  "value (2, 7, 5), num_heads=4", 4, 7, 4, kdim=7, vdim=5),
+        _mha_case(
+            g,
+            "multi_head_forward on cross-attention, query (2, 4, 12), key (2, 7, 7), "
+            "value (2, 7, 5), num_heads=4",
+            4,
+            7,
+            4,
+            kdim=7,
+            vdim=5,
+        ),
     ]
 
 
@@ -208,7 +297,9 @@ MULTI_HEAD_FORWARD = Exercise(
     hint=_HINT_MHA,
     crash_hint="Name the shapes at every step: (B, L, E) -> (B, H, L, D) -> (B, H, L, S) -> "
     "(B, H, L, D) -> (B, L, E).",
-    atol=1e-4, rtol=1e-4, params=("multi_head_forward",),
+    atol=1e-4,
+    rtol=1e-4,
+    params=("multi_head_forward",),
     doc="""Check ``multi_head_forward(query, key, value, q_proj, k_proj, v_proj, out_proj,
     num_heads) -> (B, L, E)`` against torch's ``nn.MultiheadAttention`` with those weights, on
     self-attention and on cross-attention with L ≠ S and kdim ≠ vdim ≠ E.""",
@@ -217,7 +308,7 @@ MULTI_HEAD_FORWARD = Exercise(
 _POST_LAYERS = ("query_fc", "key_fc", "value_fc", "fc")
 
 
-def _post_class(**variant: object) -> type[nn.Module]:
+def _post_class(**variant: Any) -> type[nn.Module]:
     """The post's class ``MultiHeadAttention(d_model, num_heads)``, computing ``_mha_variant``."""
 
     class Post(nn.Module):
@@ -228,8 +319,8 @@ def _post_class(**variant: object) -> type[nn.Module]:
                 setattr(self, name, nn.Linear(d_model, d_model))
 
         def forward(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
-            layers = (getattr(self, name) for name in _POST_LAYERS)
-            return _mha_variant(query, key, value, *layers, self.num_heads, **variant)
+            q_fc, k_fc, v_fc, fc = (getattr(self, name) for name in _POST_LAYERS)
+            return _mha_variant(query, key, value, q_fc, k_fc, v_fc, fc, self.num_heads, **variant)
 
     return Post
 
@@ -259,8 +350,9 @@ def _run_post_class(cls: type, case: Case) -> object:
 
 def _seed_fix_cases() -> list[Case]:
     g = torch.Generator().manual_seed(33)
-    self_case = _mha_case(g, "the repaired module on self-attention, x of shape (2, 5, 12)",
-                          5, 0, 3)
+    self_case = _mha_case(
+        g, "the repaired module on self-attention, x of shape (2, 5, 12)", 5, 0, 3
+    )
     query, key = _randn(g, 2, 4, 12), _randn(g, 2, 7, 12)
     label = "the repaired module on cross-attention, query (2, 4, 12), key and value (2, 7, 12)"
     return [self_case, Case(label, (query, key, key, *self_case.args[3:]))]
@@ -274,14 +366,18 @@ SEED_MHA_FIX = Exercise(
     tuple(Mistake(_post_class(**kwargs), hint) for kwargs, hint in _MHA_MISTAKES),
     hint=_HINT_MHA,
     crash_hint="Split with view(B, N, H, D).transpose(1, 2), merge with transpose(1, 2).reshape.",
-    atol=1e-4, rtol=1e-4, call=_run_post_class, solution=_post_class(), params=("cls",),
+    atol=1e-4,
+    rtol=1e-4,
+    call=_run_post_class,
+    solution=_post_class(),
+    params=("cls",),
     doc="""Check a repaired version of the post's class ``MultiHeadAttention(d_model, num_heads)``
     (layers ``query_fc``, ``key_fc``, ``value_fc``, ``fc``; ``forward(query, key, value)``) against
     torch's ``nn.MultiheadAttention`` with the same weights, self- and cross-attention.""",
 )
 
 #: The module and inputs of the "predict the shapes" exercise.
-SHAPE_EXERCISE: dict[str, object] = {
+SHAPE_EXERCISE: dict[str, Any] = {
     "module": {"embed_dim": 12, "num_heads": 4, "kdim": 5, "vdim": 7, "num_kv_heads": 2},
     "query": (2, 3, 12),
     "key": (2, 9, 5),
@@ -296,11 +392,16 @@ def _true_shapes() -> dict[str, object]:
     with torch.random.fork_rng(devices=[]):
         module = MultiHeadAttention(**SHAPE_EXERCISE["module"])
     with torch.no_grad():
-        out, weights = module(*(torch.zeros(*SHAPE_EXERCISE[n]) for n in ("query", "key", "value")),
-                              need_weights=True)
+        out, weights = module(
+            *(torch.zeros(*SHAPE_EXERCISE[n]) for n in ("query", "key", "value")), need_weights=True
+        )
     truth = {n: tuple(p.shape) for n, p in module.named_parameters() if n in _WEIGHTS}
-    return {**truth, "weights": tuple(weights.shape), "out": tuple(out.shape),
-            "num_parameters": sum(p.numel() for p in module.parameters())}
+    return {
+        **truth,
+        "weights": tuple(weights.shape),
+        "out": tuple(out.shape),
+        "num_parameters": sum(p.numel() for p in module.parameters()),
+    }
 
 
 def _as_predictions(predictions: object) -> tuple[object, ...]:
@@ -313,9 +414,10 @@ def _as_predictions(predictions: object) -> tuple[object, ...]:
     for name, value in predictions.items():
         if value is ... or (isinstance(value, (tuple, list)) and ... in value):
             raise ExerciseError(f"Replace the ... in predictions[{name!r}] by your prediction.")
-    return tuple((as_int if n == "num_parameters" else as_shape)(predictions[n],
-                                                                  f"predictions[{n!r}]")
-                 for n in _SHAPE_KEYS)
+    return tuple(
+        (as_int if n == "num_parameters" else as_shape)(predictions[n], f"predictions[{n!r}]")
+        for n in _SHAPE_KEYS
+    )
 
 
 _HINT_KV = (
@@ -329,12 +431,16 @@ MHA_SHAPE_PREDICTIONS = Exercise(
     f"all {len(_SHAPE_KEYS)} predictions match the running module",
     _true_shapes,
     mistakes=tuple(
-        Mistake(lambda t, n=n: {**t, n: t[n][::-1]},
-                "nn.Linear stores its weight as (out_features, in_features).")
+        Mistake(
+            lambda t, n=n: {**t, n: t[n][::-1]},
+            "nn.Linear stores its weight as (out_features, in_features).",
+        )
         for n in ("k_proj.weight", "v_proj.weight")  # q_proj and out_proj are square
     ),
     hint={
-        "q_proj.weight": _HINT_QO, "k_proj.weight": _HINT_KV, "v_proj.weight": _HINT_KV,
+        "q_proj.weight": _HINT_QO,
+        "k_proj.weight": _HINT_KV,
+        "v_proj.weight": _HINT_KV,
         "out_proj.weight": _HINT_QO,
         "weights": "one (L, S) matrix per *query* head: the key/value heads are shared "
         "(repeated), the weights are not. Rows are queries (L), columns keys (S).",
@@ -342,7 +448,10 @@ MHA_SHAPE_PREDICTIONS = Exercise(
         "num_parameters": "count weights and biases of the four projections: "
         "out_features·(in_features + 1) each.",
     },
-    outputs=_SHAPE_KEYS, prediction=True, report_all=True, convert=_as_predictions,
+    outputs=_SHAPE_KEYS,
+    prediction=True,
+    report_all=True,
+    convert=_as_predictions,
     params=("predictions",),
     doc="""Check predicted shapes (``q_proj.weight``, ``k_proj.weight``, ``v_proj.weight``,
     ``out_proj.weight``, ``weights``, ``out``) and ``num_parameters`` of :data:`SHAPE_EXERCISE`'s

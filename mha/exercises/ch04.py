@@ -9,7 +9,7 @@ shape that broadcasts the wrong way, a fill that overflows float16, NaN on rows 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -40,18 +40,26 @@ PADDING_MASK = Exercise(
     "check_padding_mask",
     "(B, 1, 1, S) bool, True for real tokens",
     _padding,
-    lambda: [Case(f"padding_mask(lengths={n}, S={S})", (torch.tensor(n), S))
-             for n, S in (([3, 5, 0, 1], 5), ([2, 7], 7), ([4], 6))],
+    lambda: [
+        Case(f"padding_mask(lengths={n}, S={S})", (torch.tensor(n), S))
+        for n, S in (([3, 5, 0, 1], 5), ([2, 7], 7), ([4], 6))
+    ],
     (
         Mistake(lambda lengths, S: ~_padding(lengths, S), _INVERTED),
-        *(Mistake(lambda lengths, S, d=d: _padding(lengths + d, S),
-                  f"It keeps one too {how} token per sequence. A sequence of length n has its "
-                  "real tokens at positions 0..n-1: keep position j when j < n.")
-          for d, how in ((1, "many"), (-1, "few"))),
+        *(
+            Mistake(
+                lambda lengths, S, d=d: _padding(lengths + d, S),
+                f"It keeps one too {how} token per sequence. A sequence of length n has its "
+                "real tokens at positions 0..n-1: keep position j when j < n.",
+            )
+            for d, how in ((1, "many"), (-1, "few"))
+        ),
         Mistake(lambda lengths, S: _padding(lengths, S)[:, 0, 0], _READ_AS_LS),
-        Mistake(lambda lengths, S: _padding(lengths, S).transpose(-2, -1),
-                "This shape masks queries (rows of the scores), not keys (columns). Padding hides "
-                "*keys*: (B, 1, 1, S)."),
+        Mistake(
+            lambda lengths, S: _padding(lengths, S).transpose(-2, -1),
+            "This shape masks queries (rows of the scores), not keys (columns). Padding hides "
+            "*keys*: (B, 1, 1, S).",
+        ),
         Mistake(lambda lengths, S: _padding(lengths, S).float(), _NOT_BOOL),
     ),
     hint="Position j of sequence b is real when j < lengths[b], and the mask broadcasts over "
@@ -69,24 +77,38 @@ CAUSAL_MASK = Exercise(
     "check_causal_mask",
     "(L, S) bool, True on and below the diagonal",
     lambda L, S=None: _ones(L, S).tril(),
-    lambda: [Case(f"causal_mask({', '.join(map(str, args))})", args)
-             for args in ((4,), (1,), (3, 5), (5, 3))],
+    lambda: [
+        Case(f"causal_mask({', '.join(map(str, args))})", args)
+        for args in ((4,), (1,), (3, 5), (5, 3))
+    ],
     (
-        Mistake(lambda L, S=None: ~_ones(L, S).tril(),
-                _INVERTED + " (torch.triu(..., diagonal=1) is the 'masked out' version.)"),
-        Mistake(lambda L, S=None: _ones(L, S).tril(-1),
-                "The diagonal must be True: a token may attend to itself. Without it the first "
-                "query sees no key at all."),
-        Mistake(lambda L, S=None: _ones(L, S).tril(1),
-                "Each query sees one future token: the diagonal is shifted by one."),
-        Mistake(lambda L, S=None: _ones(L, S).triu(),
-                "That is the upper triangle: each query sees itself and the *future*."),
-        Mistake(lambda L, S=None: _ones(L, S).tril((S or L) - L),
-                "That is the bottom-right alignment (the last query sees every key), which "
-                "decoding with a cache needs. Here we want torch's is_causal alignment, top-left: "
-                "query i sees keys 0..i."),
-        Mistake(lambda L, S=None: _ones(L).tril(),
-                "Use S (the number of keys) for the columns: scores are (L, S)."),
+        Mistake(
+            lambda L, S=None: ~_ones(L, S).tril(),
+            _INVERTED + " (torch.triu(..., diagonal=1) is the 'masked out' version.)",
+        ),
+        Mistake(
+            lambda L, S=None: _ones(L, S).tril(-1),
+            "The diagonal must be True: a token may attend to itself. Without it the first "
+            "query sees no key at all.",
+        ),
+        Mistake(
+            lambda L, S=None: _ones(L, S).tril(1),
+            "Each query sees one future token: the diagonal is shifted by one.",
+        ),
+        Mistake(
+            lambda L, S=None: _ones(L, S).triu(),
+            "That is the upper triangle: each query sees itself and the *future*.",
+        ),
+        Mistake(
+            lambda L, S=None: _ones(L, S).tril((S or L) - L),
+            "That is the bottom-right alignment (the last query sees every key), which "
+            "decoding with a cache needs. Here we want torch's is_causal alignment, top-left: "
+            "query i sees keys 0..i.",
+        ),
+        Mistake(
+            lambda L, S=None: _ones(L).tril(),
+            "Use S (the number of keys) for the columns: scores are (L, S).",
+        ),
         Mistake(lambda L, S=None: _ones(L, S).tril().int(), _NOT_BOOL),
     ),
     hint="Query i may attend to keys j <= i.",
@@ -107,10 +129,12 @@ def _mask_truth() -> tuple[tuple[int, ...], Tensor, list[int]]:
     return tuple(keep.shape), keep[1, 0], [i for i in range(4) if not keep[1, 0, i].any()]
 
 
-def _as_mask_prediction(answer: tuple[object, object, object]) -> tuple[object, ...]:
-    shape, mask, empty_rows = answer
+def _as_mask_prediction(
+    answer: tuple[object, Iterable[Iterable[object]], object],
+) -> tuple[object, ...]:
+    shape, rows, empty_rows = answer
     try:
-        mask = torch.tensor([[bool(x) for x in row] for row in mask])
+        mask = torch.tensor([[bool(x) for x in row] for row in rows])
     except (TypeError, ValueError) as err:
         raise ExerciseError(f"mask should be a list of 4 rows of 4 zeros/ones ({err}).") from None
     return as_shape(shape, "shape"), mask, sorted(as_shape(empty_rows, "empty_rows"))
@@ -126,17 +150,24 @@ MASK_PREDICTION = Exercise(
     lambda want: f"shape {want[0]}, empty rows {want[2]}",
     _mask_truth,
     mistakes=(
-        Mistake(lambda t: ((2, 4, 4), *t[1:]),
-                "Broadcasting aligns trailing dims: (B, 1, 1, S) & (L, S) -> (B, 1, L, S)."),
-        Mistake(lambda t: ((2, 8, 4, 4), *t[1:]),
-                "The head dim stays 1 until the scores (B, H, L, S) meet the mask."),
+        Mistake(
+            lambda t: ((2, 4, 4), *t[1:]),
+            "Broadcasting aligns trailing dims: (B, 1, 1, S) & (L, S) -> (B, 1, L, S).",
+        ),
+        Mistake(
+            lambda t: ((2, 8, 4, 4), *t[1:]),
+            "The head dim stays 1 until the scores (B, H, L, S) meet the mask.",
+        ),
         Mistake(lambda t: (t[0], t[1], []), _HINT_EMPTY),
-        Mistake(lambda t: (t[0], _ones(4).tril(), []),
-                "The causal part is right, but keys 0 and 1 of sequence 1 are padding: no query "
-                "may see them."),
-        Mistake(lambda t: (t[0], _left_padded_keep()[1, 0, -1].expand(4, 4), []),
-                "The padding part is right, but the mask is causal too: query i sees no key "
-                "after i."),
+        Mistake(
+            lambda t: (t[0], _ones(4).tril(), []),
+            "The causal part is right, but keys 0 and 1 of sequence 1 are padding: no query "
+            "may see them.",
+        ),
+        Mistake(
+            lambda t: (t[0], _left_padded_keep()[1, 0, -1].expand(4, 4), []),
+            "The padding part is right, but the mask is causal too: query i sees no key after i.",
+        ),
     ),
     hint={
         "shape": "Broadcasting aligns trailing dims: (B, 1, 1, S) & (L, S) -> (B, 1, L, S); the "
@@ -165,11 +196,15 @@ def _attention_cases() -> list[Case]:
     keep_empty[0, :, 4] = False
     cases = []
     for mask, empty in ((keep, ""), (keep_empty, " with a fully masked query row")):
-        for dtype, atol, rtol in ((torch.float32, 1e-4, 1e-3), (torch.float16, 5e-2, 5e-2),
-                                  (torch.bfloat16, 5e-2, 5e-2)):
+        for dtype, atol, rtol in (
+            (torch.float32, 1e-4, 1e-3),
+            (torch.float16, 5e-2, 5e-2),
+            (torch.bfloat16, 5e-2, 5e-2),
+        ):
             label = f"masked_attention(q, k, v, keep) in {str(dtype)[6:]}{empty}"
-            cases.append(Case(label, (q.to(dtype), k.to(dtype), v.to(dtype), mask), atol=atol,
-                              rtol=rtol))
+            cases.append(
+                Case(label, (q.to(dtype), k.to(dtype), v.to(dtype), mask), atol=atol, rtol=rtol)
+            )
     return cases
 
 
@@ -182,8 +217,8 @@ def _with_gradients(fn: Callable[..., Tensor], case: Case) -> object:
     if not isinstance(out, Tensor) or out.grad_fn is None:
         return out, None, None, None  # compared part by part: "out" first, then the gradients
     grads = torch.autograd.grad(out.float().sum(), (q, k, v), allow_unused=True)
-    grads = (torch.zeros_like(t) if g is None else g for t, g in zip((q, k, v), grads))
-    return (out.detach(), *grads)
+    filled = (torch.zeros_like(t) if g is None else g for t, g in zip((q, k, v), grads))
+    return (out.detach(), *filled)
 
 
 def _reference_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor) -> Tensor:
@@ -194,8 +229,9 @@ def _reference_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor) -> Tenso
     return out * has_key  # (B, H, L, D)
 
 
-def _fill_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, fill: float,
-                    nan_to_num: bool = False) -> Tensor:
+def _fill_attention(
+    q: Tensor, k: Tensor, v: Tensor, keep: Tensor, fill: float, nan_to_num: bool = False
+) -> Tensor:
     """The seeds' masked attention: masked_fill with ``fill`` (-inf: as a float mask), softmax."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, L, S)
     if nan_to_num:  # zeros in the forward pass, but NaN still flows back into the scores
@@ -210,31 +246,44 @@ MASKED_ATTENTION = Exercise(
     lambda *args: _with_gradients(_reference_attention, Case("", args)),
     _attention_cases,
     (
-        Mistake(lambda q, k, v, keep: _fill_attention(q, k, v, keep, torch.finfo(q.dtype).min),
-                "A finite fill such as -1e9 or finfo.min makes all the scores of a query that may "
-                "attend to no key equal, so softmax spreads the weight uniformly over keys that "
-                "should be hidden (silently averaging padding). Zero the weights of rows with no "
-                "key."),
-        Mistake(lambda q, k, v, keep: _fill_attention(q, k, v, keep, -1e9),
-                "-1e9 does not fit in float16 (its largest magnitude is 65504): fill with "
-                "float('-inf') or torch.finfo(scores.dtype).min instead."),
-        Mistake(lambda q, k, v, keep: _fill_attention(q, k, v, keep, -math.inf, nan_to_num=True),
-                "The output looks right, but a NaN in the forward pass (e.g. softmax of an all "
-                "-inf row), even one you replaced afterwards with nan_to_num or multiplied by 0, "
-                "still flows back as NaN. Keep the softmax from ever seeing an all -inf row."),
-        Mistake(lambda q, k, v, keep: _fill_attention(q, k, v, keep, -math.inf),
-                "With a -inf fill, the softmax of a query that may attend to no key is 0/0 = NaN. "
-                "Give such rows zero weights (e.g. find them with keep.any(-1) and torch.where), "
-                "as torch's SDPA does."),
-        Mistake(lambda q, k, v, keep: _reference_attention(q, k, v, keep).detach(),
-                "The result is not differentiable: build it from torch operations."),
+        Mistake(
+            lambda q, k, v, keep: _fill_attention(q, k, v, keep, torch.finfo(q.dtype).min),
+            "A finite fill such as -1e9 or finfo.min makes all the scores of a query that may "
+            "attend to no key equal, so softmax spreads the weight uniformly over keys that "
+            "should be hidden (silently averaging padding). Zero the weights of rows with no "
+            "key.",
+        ),
+        Mistake(
+            lambda q, k, v, keep: _fill_attention(q, k, v, keep, -1e9),
+            "-1e9 does not fit in float16 (its largest magnitude is 65504): fill with "
+            "float('-inf') or torch.finfo(scores.dtype).min instead.",
+        ),
+        Mistake(
+            lambda q, k, v, keep: _fill_attention(q, k, v, keep, -math.inf, nan_to_num=True),
+            "The output looks right, but a NaN in the forward pass (e.g. softmax of an all "
+            "-inf row), even one you replaced afterwards with nan_to_num or multiplied by 0, "
+            "still flows back as NaN. Keep the softmax from ever seeing an all -inf row.",
+        ),
+        Mistake(
+            lambda q, k, v, keep: _fill_attention(q, k, v, keep, -math.inf),
+            "With a -inf fill, the softmax of a query that may attend to no key is 0/0 = NaN. "
+            "Give such rows zero weights (e.g. find them with keep.any(-1) and torch.where), "
+            "as torch's SDPA does.",
+        ),
+        Mistake(
+            lambda q, k, v, keep: _reference_attention(q, k, v, keep).detach(),
+            "The result is not differentiable: build it from torch operations.",
+        ),
     ),
     hint={
         "out": "Compare your scores, mask and softmax with F.scaled_dot_product_attention; keep "
         "means True = may attend, and the scale is 1/sqrt(D).",
-        **dict.fromkeys(("grad_q", "grad_k", "grad_v"), "The forward pass is right but the "
-                        "gradient is not: is the mask applied with torch operations autograd can "
-                        "follow?"),
+        **dict.fromkeys(
+            ("grad_q", "grad_k", "grad_v"),
+            "The forward pass is right but the "
+            "gradient is not: is the mask applied with torch operations autograd can "
+            "follow?",
+        ),
     },
     outputs=("out", "grad_q", "grad_k", "grad_v"),
     call=_with_gradients,
@@ -247,15 +296,23 @@ MASK_CONVERSION = Exercise(
     "check_mask_conversion",
     "key_padding_mask True = ignore, sdpa_mask True = attend",
     lambda am: (am == 0, (am == 1)[:, None, None, :]),
-    lambda: [Case("convert(attention_mask)",
-                  (torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]]),))],
+    lambda: [
+        Case(
+            "convert(attention_mask)",
+            (torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]]),),
+        )
+    ],
     (
-        Mistake(lambda am: (am == 1, (am == 1)[:, None, None, :]),
-                "nn.MultiheadAttention's key_padding_mask marks the keys to *ignore* (True = "
-                "padding), the opposite of attention_mask (1 = attend). Use attention_mask == 0."),
-        Mistake(lambda am: (am == 0, (am == 0)[:, None, None, :]),
-                "SDPA's bool mask means True = attend, like attention_mask's 1. Did you reuse "
-                "key_padding_mask? Flip it with ~."),
+        Mistake(
+            lambda am: (am == 1, (am == 1)[:, None, None, :]),
+            "nn.MultiheadAttention's key_padding_mask marks the keys to *ignore* (True = "
+            "padding), the opposite of attention_mask (1 = attend). Use attention_mask == 0.",
+        ),
+        Mistake(
+            lambda am: (am == 0, (am == 0)[:, None, None, :]),
+            "SDPA's bool mask means True = attend, like attention_mask's 1. Did you reuse "
+            "key_padding_mask? Flip it with ~.",
+        ),
         Mistake(lambda am: (am == 0, am == 1), _READ_AS_LS),
         Mistake(lambda am: (1 - am, (am == 1)[:, None, None, :]), _NOT_BOOL),
         Mistake(lambda am: (am == 0, am[:, None, None, :].float()), _NOT_BOOL),
@@ -274,8 +331,9 @@ MASK_CONVERSION = Exercise(
 )
 
 
-def _alibi(H: int, L: int, first: int = 1, flip: bool = False, sign: float = -1.0,
-           causal: bool = True) -> Tensor:
+def _alibi(
+    H: int, L: int, first: int = 1, flip: bool = False, sign: float = -1.0, causal: bool = True
+) -> Tensor:
     """The causal ALiBi bias (H, L, L), or one of its usual mis-implementations."""
     slopes = 2.0 ** (-8.0 * torch.arange(first, first + H, dtype=torch.float64) / H)  # (H,)
     slopes = slopes.flip(0) if flip else slopes
@@ -290,19 +348,31 @@ ALIBI_BIAS = Exercise(
     _alibi,
     lambda: [Case(f"alibi_bias(H={H}, L={L})", (H, L)) for H, L in ((8, 5), (4, 6), (2, 3))],
     (
-        Mistake(lambda H, L: _alibi(H, L, first=0),
-                "h runs from 1 to H: the first head's slope must be 2**(-8/H), not 1."),
-        Mistake(lambda H, L: _alibi(H, L, flip=True),
-                "The slopes are in reverse order: head 1 has the largest slope, 2**(-8/H)."),
-        Mistake(lambda H, L: _alibi(H, L, causal=False),
-                "The bias must be -inf above the diagonal: ALiBi in a decoder is added to a "
-                "causal mask, so future keys stay hidden."),
-        Mistake(lambda H, L: _alibi(H, L, sign=1.0),
-                "The bias must *penalise* distance: -m_h * (i - j) <= 0."),
-        Mistake(lambda H, L: _alibi(H, L)[0],
-                "One (L, L) bias per head, (H, L, L), so that it broadcasts against (B, H, L, L)."),
-        Mistake(lambda H, L: _ones(L).expand(H, L, L),
-                "A bias is a float mask, added to the scores: return floats, -inf where hidden."),
+        Mistake(
+            lambda H, L: _alibi(H, L, first=0),
+            "h runs from 1 to H: the first head's slope must be 2**(-8/H), not 1.",
+        ),
+        Mistake(
+            lambda H, L: _alibi(H, L, flip=True),
+            "The slopes are in reverse order: head 1 has the largest slope, 2**(-8/H).",
+        ),
+        Mistake(
+            lambda H, L: _alibi(H, L, causal=False),
+            "The bias must be -inf above the diagonal: ALiBi in a decoder is added to a "
+            "causal mask, so future keys stay hidden.",
+        ),
+        Mistake(
+            lambda H, L: _alibi(H, L, sign=1.0),
+            "The bias must *penalise* distance: -m_h * (i - j) <= 0.",
+        ),
+        Mistake(
+            lambda H, L: _alibi(H, L)[0],
+            "One (L, L) bias per head, (H, L, L), so that it broadcasts against (B, H, L, L).",
+        ),
+        Mistake(
+            lambda H, L: _ones(L).expand(H, L, L),
+            "A bias is a float mask, added to the scores: return floats, -inf where hidden.",
+        ),
     ),
     hint="bias[h, i, j] = -m_h * (i - j) for j <= i and -inf for j > i, with m_h = "
     "2 ** (-8 * h / H), h = 1..H.",
@@ -311,8 +381,14 @@ ALIBI_BIAS = Exercise(
     "-inf above, with m_h = 2 ** (-8 * h / H), h = 1..H (Press et al., 2022).",
 )
 
-EXERCISES = (PADDING_MASK, CAUSAL_MASK, MASK_PREDICTION, MASKED_ATTENTION, MASK_CONVERSION,
-             ALIBI_BIAS)
+EXERCISES = (
+    PADDING_MASK,
+    CAUSAL_MASK,
+    MASK_PREDICTION,
+    MASKED_ATTENTION,
+    MASK_CONVERSION,
+    ALIBI_BIAS,
+)
 check_padding_mask = PADDING_MASK.checker()
 check_causal_mask = CAUSAL_MASK.checker()
 check_mask_prediction = MASK_PREDICTION.checker()

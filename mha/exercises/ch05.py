@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import cache, partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -32,9 +33,19 @@ _HINT_M = (
 )
 
 
-def _update(m: Tensor, l: Tensor, acc: Tensor, scores: Tensor, value: Tensor, *,
-            guard: bool = True, running_max: bool = True, rescale_l: bool = True,
-            rescale_acc: bool = True, normalised: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+def _update(
+    m: Tensor,
+    l: Tensor,
+    acc: Tensor,
+    scores: Tensor,
+    value: Tensor,
+    *,
+    guard: bool = True,
+    running_max: bool = True,
+    rescale_l: bool = True,
+    rescale_acc: bool = True,
+    normalised: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
     """One online-softmax update: right with the defaults, or with one of the usual slips."""
     tile_max = scores.amax(-1, keepdim=True)  # (..., R, 1)
     m_new = torch.maximum(m, tile_max)
@@ -68,8 +79,11 @@ def _online_cases() -> list[Case]:
     masked[0][:, 1, : C // 2] = float("-inf")
     cases = []
     for run, run_tiles in (("", tiles), (" (first tile hides every key of row 0)", masked)):
-        state = (torch.full((batch, R, 1), float("-inf")), torch.zeros(batch, R, 1),
-                 torch.zeros(batch, R, Dv))
+        state = (
+            torch.full((batch, R, 1), float("-inf")),
+            torch.zeros(batch, R, 1),
+            torch.zeros(batch, R, Dv),
+        )
         for i in range(n_tiles):
             seen = _state(torch.cat(run_tiles[: i + 1], -1), torch.cat(values[: i + 1], -2))
             args = (*state, run_tiles[i], values[i])
@@ -86,14 +100,18 @@ ONLINE_SOFTMAX_UPDATE = Exercise(
     (
         Mistake(partial(_update, rescale_acc=False), _HINT_ACC_RESCALE),
         Mistake(partial(_update, rescale_l=False), _HINT_L_RESCALE),
-        Mistake(partial(_update, normalised=True),
-                "acc is the *unnormalised* numerator sum(exp(score - m) * value); divide by l only "
-                "once, after the last tile (out = acc / l)."),
-        Mistake(partial(_update, guard=False),
-                "A row whose keys so far were all hidden has m = -inf, and exp(-inf - (-inf)) is "
-                "NaN. Where m_new is -inf, subtract 0 instead of m_new (torch.where("
-                "torch.isneginf(m_new), 0, m_new)): then every exp is exactly 0 and the row stays "
-                "m = -inf, l = 0, acc = 0."),
+        Mistake(
+            partial(_update, normalised=True),
+            "acc is the *unnormalised* numerator sum(exp(score - m) * value); divide by l only "
+            "once, after the last tile (out = acc / l).",
+        ),
+        Mistake(
+            partial(_update, guard=False),
+            "A row whose keys so far were all hidden has m = -inf, and exp(-inf - (-inf)) is "
+            "NaN. Where m_new is -inf, subtract 0 instead of m_new (torch.where("
+            "torch.isneginf(m_new), 0, m_new)): then every exp is exactly 0 and the row stays "
+            "m = -inf, l = 0, acc = 0.",
+        ),
         Mistake(partial(_update, running_max=False), _HINT_M),
     ),
     hint={
@@ -116,8 +134,17 @@ _HINT_TOP_LEFT = (
 )
 
 
-def _step(q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor, *,
-          mask: str = "bottom-right", keys: str = "all", append: bool = True):
+def _step(
+    q: Tensor,
+    k_new: Tensor,
+    v_new: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    *,
+    mask: str = "bottom-right",
+    keys: str = "all",
+    append: bool = True,
+):
     """One decoding step: right with the defaults, or with one of the usual slips."""
     k = torch.cat([k_cache, k_new], dim=-2)  # (B, H, S, D)
     v = torch.cat([v_cache, v_new], dim=-2)  # (B, H, S, D)
@@ -152,24 +179,32 @@ KV_CACHE_STEP = Exercise(
     _step,
     _kv_cases,
     (
-        Mistake(partial(_step, append=False),
-                "Append this step's keys and values to the cache along the sequence axis "
-                "(torch.cat([k_cache, k_new], dim=-2), the same for v) and return the grown "
-                "cache: the next step must see every token so far."),
-        Mistake(partial(_step, keys="new", mask="top-left"),
-                "The queries attended only to this step's tokens. Attend over the whole cache "
-                "(the old tokens and the new ones), after appending."),
+        Mistake(
+            partial(_step, append=False),
+            "Append this step's keys and values to the cache along the sequence axis "
+            "(torch.cat([k_cache, k_new], dim=-2), the same for v) and return the grown "
+            "cache: the next step must see every token so far.",
+        ),
+        Mistake(
+            partial(_step, keys="new", mask="top-left"),
+            "The queries attended only to this step's tokens. Attend over the whole cache "
+            "(the old tokens and the new ones), after appending.",
+        ),
         Mistake(partial(_step, mask="top-left"), _HINT_TOP_LEFT),
-        Mistake(partial(_step, mask="none"),
-                "With several new tokens in one step (a prompt chunk), each new query must not "
-                "see the new tokens after it: pass the bottom-right causal mask "
-                "torch.ones(T, S, dtype=torch.bool).tril(S - T)."),
+        Mistake(
+            partial(_step, mask="none"),
+            "With several new tokens in one step (a prompt chunk), each new query must not "
+            "see the new tokens after it: pass the bottom-right causal mask "
+            "torch.ones(T, S, dtype=torch.bool).tril(S - T).",
+        ),
     ),
     hint={
         "out": "After appending, attend from the new queries to the whole cache with a "
         "bottom-right causal mask. " + _HINT_TOP_LEFT,
-        **dict.fromkeys(("k_cache", "v_cache"), "The returned caches hold every token so far: "
-                        "torch.cat([cache, new], dim=-2)."),
+        **dict.fromkeys(
+            ("k_cache", "v_cache"),
+            "The returned caches hold every token so far: torch.cat([cache, new], dim=-2).",
+        ),
     },
     outputs=("out", "k_cache", "v_cache"),
     params=("step",),
@@ -190,7 +225,7 @@ SDPA_CASES: dict[str, str] = {
 }
 
 
-def sdpa_case_inputs(name: str) -> tuple[tuple[Tensor, ...], dict[str, object]]:
+def sdpa_case_inputs(name: str) -> tuple[tuple[Tensor, Tensor, Tensor], dict[str, Any]]:
     """The positional and keyword arguments of ``F.scaled_dot_product_attention`` for a case.
 
     Args:
@@ -203,7 +238,7 @@ def sdpa_case_inputs(name: str) -> tuple[tuple[Tensor, ...], dict[str, object]]:
         raise ValueError(f"name must be one of {list(SDPA_CASES)}, got {name!r}")
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, 128, 64, generator=g) for _ in range(3))  # (B, H, L, D)
-    kwargs: dict[str, object] = {}
+    kwargs: dict[str, Any] = {}
     if name == "bool_mask":
         kwargs["attn_mask"] = torch.rand(128, 128, generator=g) > 0.3
     elif name == "causal":
@@ -271,8 +306,10 @@ def _as_backends(predictions: object) -> tuple[str, ...]:
 
 SDPA_BACKEND_PREDICTION = Exercise(
     "check_sdpa_backend_prediction",
-    lambda want: f"all {len(want)} predictions right ({want.count('flash')} flash, "
-    f"{want.count('math')} math)",
+    lambda want: (
+        f"all {len(want)} predictions right ({want.count('flash')} flash, "
+        f"{want.count('math')} math)"
+    ),
     lambda: {case: _cpu_backend(case)[0] for case in SDPA_CASES},
     mistakes=(Mistake(lambda truth: {**truth, "bool_mask": "math"}, _HINT_FLASH),),
     hint=_backend_hint,

@@ -12,6 +12,7 @@ import itertools
 import math
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -40,45 +41,75 @@ def _work(B: int, H: int, L: int, S: int, bm: int, bn: int, causal: bool) -> tup
     return n_m * B * H, tiles * B * H
 
 
-def _count_work(B: int, H: int, L: int, S: int, bm: int, bn: int, causal: bool, *,
-                grid: str = "ok", stop: str = "ragged") -> tuple[int, int]:
+def _count_work(
+    B: int,
+    H: int,
+    L: int,
+    S: int,
+    bm: int,
+    bn: int,
+    causal: bool,
+    *,
+    grid: str = "ok",
+    stop: str = "ragged",
+) -> tuple[int, int]:
     """The kernel's arithmetic (the chapter's solution), or one of its usual slips."""
     n_m = _cdiv(L, bm)
-    programs = {"ok": n_m * B * H, "one axis": n_m, "floor": L // bm * B * H,
-                "tiles": n_m * _cdiv(S, bn) * B * H}[grid]
+    programs = {
+        "ok": n_m * B * H,
+        "one axis": n_m,
+        "floor": L // bm * B * H,
+        "tiles": n_m * _cdiv(S, bn) * B * H,
+    }[grid]
     last = {"ragged": L, "square": S}[stop]  # the causal loop of query tile i stops below this
     steps = sum(_cdiv(min(S, last, (i + 1) * bm) if causal else S, bn) for i in range(n_m))
     return programs, steps * B * H
 
 
 _WORK_CASES = [  # B, H, L, S, block_m, block_n, is_causal
-    (2, 4, 1000, 1000, 64, 64, False), (2, 4, 1000, 1000, 64, 64, True),
-    (2, 4, 1000, 1000, 128, 32, True), (1, 8, 100, 300, 32, 64, True),
-    (1, 2, 40, 100, 32, 16, True), (3, 2, 77, 50, 16, 32, True),
-    (1, 1, 64, 64, 64, 64, True), (1, 12, 200, 200, 16, 16, False),
+    (2, 4, 1000, 1000, 64, 64, False),
+    (2, 4, 1000, 1000, 64, 64, True),
+    (2, 4, 1000, 1000, 128, 32, True),
+    (1, 8, 100, 300, 32, 64, True),
+    (1, 2, 40, 100, 32, 16, True),
+    (3, 2, 77, 50, 16, 32, True),
+    (1, 1, 64, 64, 64, 64, True),
+    (1, 12, 200, 200, 16, 16, False),
 ]
 
 TILE_COUNTS = Exercise(
     "check_tile_counts",
     f"grid and tile counts right in all {len(_WORK_CASES)} configurations",
     _work,
-    lambda: [Case("count_work({}, {}, {}, {}, block_m={}, block_n={}, is_causal={})".format(*c), c)
-             for c in _WORK_CASES],
+    lambda: [
+        Case("count_work({}, {}, {}, {}, block_m={}, block_n={}, is_causal={})".format(*c), c)
+        for c in _WORK_CASES
+    ],
     (
-        Mistake(partial(_count_work, grid="one axis"),
-                "The grid has a second axis: one program per (query tile, batch·head) pair."),
-        Mistake(partial(_count_work, grid="floor"),
-                "The last query tile is ragged but still needs a program: round up, "
-                "cdiv(L, block_m) = -(-L // block_m)."),
-        Mistake(partial(_count_work, grid="tiles"),
-                "Key tiles are not programs: each program loops over them. The grid is "
-                "(cdiv(L, block_m), B * H)."),
-        Mistake(lambda *args: _count_work(*args[:6], False),
-                "With is_causal the loop stops at the diagonal: a query tile ending at row r "
-                "visits only the key tiles starting below min(S, L, r + 1)."),
-        Mistake(partial(_count_work, stop="square"),
-                "Too many: the last query tile is ragged (its rows stop at L - 1), and a key tile "
-                "is visited only if it starts below min(S, L, (start_m + 1) * block_m)."),
+        Mistake(
+            partial(_count_work, grid="one axis"),
+            "The grid has a second axis: one program per (query tile, batch·head) pair.",
+        ),
+        Mistake(
+            partial(_count_work, grid="floor"),
+            "The last query tile is ragged but still needs a program: round up, "
+            "cdiv(L, block_m) = -(-L // block_m).",
+        ),
+        Mistake(
+            partial(_count_work, grid="tiles"),
+            "Key tiles are not programs: each program loops over them. The grid is "
+            "(cdiv(L, block_m), B * H).",
+        ),
+        Mistake(
+            lambda B, H, L, S, bm, bn, causal: _count_work(B, H, L, S, bm, bn, False),
+            "With is_causal the loop stops at the diagonal: a query tile ending at row r "
+            "visits only the key tiles starting below min(S, L, r + 1).",
+        ),
+        Mistake(
+            partial(_count_work, stop="square"),
+            "Too many: the last query tile is ragged (its rows stop at L - 1), and a key tile "
+            "is visited only if it starts below min(S, L, (start_m + 1) * block_m).",
+        ),
     ),
     hint={
         "programs": "The grid is (cdiv(L, block_m), B * H); count its programs.",
@@ -86,8 +117,11 @@ TILE_COUNTS = Exercise(
         "min(S, L, (start_m + 1) * block_m) with is_causal; sum them over all programs.",
     },
     outputs=("programs", "kv_tiles"),
-    convert=lambda out: tuple(map(as_int, out, ("programs", "kv_tiles"))) if (
-        isinstance(out, tuple) and len(out) == 2) else out,
+    convert=lambda out: (
+        tuple(map(as_int, out, ("programs", "kv_tiles")))
+        if (isinstance(out, tuple) and len(out) == 2)
+        else out
+    ),
     solution=_count_work,
     params=("count_work",),
     doc="Check ``count_work(B, H, L, S, block_m, block_n, is_causal) -> (programs, kv_tiles)`` "
@@ -95,14 +129,24 @@ TILE_COUNTS = Exercise(
 )
 
 
-def _kv_range(m: int, bm: int, bn: int, L: int, S: int, window: int, *, lo: str = "down",
-              hi: str = "tight") -> tuple[int, int]:
+def _kv_range(
+    m: int, bm: int, bn: int, L: int, S: int, window: int, *, lo: str = "down", hi: str = "tight"
+) -> tuple[int, int]:
     """The loop bounds of query tile ``m`` (the chapter's solution), or one of the usual slips."""
     first = m * bm - window + 1  # the first key the tile's first row sees
-    lo_ = {"down": max(0, first) // bn * bn, "exact": max(0, first), "unclamped": first // bn * bn,
-           "zero": 0, "up": min(S, _cdiv(max(0, first), bn) * bn)}[lo]
-    hi_ = {"tight": min(S, L, (m + 1) * bm), "ragged": min(S, (m + 1) * bm), "S": S,
-           "diagonal": m * bm}[hi]
+    lo_ = {
+        "down": max(0, first) // bn * bn,
+        "exact": max(0, first),
+        "unclamped": first // bn * bn,
+        "zero": 0,
+        "up": min(S, _cdiv(max(0, first), bn) * bn),
+    }[lo]
+    hi_ = {
+        "tight": min(S, L, (m + 1) * bm),
+        "ragged": min(S, (m + 1) * bm),
+        "S": S,
+        "diagonal": m * bm,
+    }[hi]
     return lo_, hi_
 
 
@@ -143,21 +187,36 @@ KV_TILE_RANGE = Exercise(
     _kv_range,
     _window_cases,
     (
-        Mistake(partial(_kv_range, lo="exact"),
-                "Key tiles start at multiples of BLOCK_N. Round down: lo // BLOCK_N * BLOCK_N."),
-        Mistake(partial(_kv_range, lo="unclamped"),
-                "Negative key positions would be read out of bounds (the kernel's load mask only "
-                "checks < S). Clamp with max(0, ...)."),
-        Mistake(partial(_kv_range, lo="zero"), _SKIP + "lo can start higher, no row of the query "
-                "tile sees a key below first_row - window + 1."),
-        Mistake(partial(_kv_range, hi="ragged"), _SKIP + "hi can stop lower, the last query tile "
-                "is ragged (its rows stop at L - 1)."),
-        Mistake(partial(_kv_range, hi="S"), _SKIP + "hi can stop lower, no row of the query tile "
-                "sees a key past its last row."),
-        Mistake(partial(_kv_range, lo="up"), _WRONG + "lo is too large, round the first key the "
-                "tile's first row sees *down*."),
-        Mistake(partial(_kv_range, hi="diagonal"), _WRONG + "hi is too small, the last row of the "
-                "query tile sees keys up to itself."),
+        Mistake(
+            partial(_kv_range, lo="exact"),
+            "Key tiles start at multiples of BLOCK_N. Round down: lo // BLOCK_N * BLOCK_N.",
+        ),
+        Mistake(
+            partial(_kv_range, lo="unclamped"),
+            "Negative key positions would be read out of bounds (the kernel's load mask only "
+            "checks < S). Clamp with max(0, ...).",
+        ),
+        Mistake(
+            partial(_kv_range, lo="zero"),
+            _SKIP + "lo can start higher, no row of the query "
+            "tile sees a key below first_row - window + 1.",
+        ),
+        Mistake(
+            partial(_kv_range, hi="ragged"),
+            _SKIP + "hi can stop lower, the last query tile is ragged (its rows stop at L - 1).",
+        ),
+        Mistake(
+            partial(_kv_range, hi="S"),
+            _SKIP + "hi can stop lower, no row of the query tile sees a key past its last row.",
+        ),
+        Mistake(
+            partial(_kv_range, lo="up"),
+            _WRONG + "lo is too large, round the first key the tile's first row sees *down*.",
+        ),
+        Mistake(
+            partial(_kv_range, hi="diagonal"),
+            _WRONG + "hi is too small, the last row of the query tile sees keys up to itself.",
+        ),
     ),
     hint="Visit exactly the key tiles holding a key that some row of the query tile sees: row i "
     "sees keys i - window + 1 .. i.",
@@ -235,7 +294,7 @@ def _softmax_kernel_hint(x: Tensor, y: Tensor) -> str:
     return "each row must be exp(x - max) / sum(exp(x - max)) over its own n_cols values."
 
 
-def _check_softmax_kernel(kernel: object) -> str:
+def _check_softmax_kernel(kernel: Any) -> str:  # a Triton kernel, checked by _kernel_device
     device = _kernel_device(kernel)
     import triton  # after _kernel_device: Triton is installed
 
@@ -261,7 +320,11 @@ def _check_softmax_kernel(kernel: object) -> str:
 
 
 SOFTMAX_KERNEL = Exercise(
-    "check_softmax_kernel", "", None, custom=_check_softmax_kernel, params=("kernel",),
+    "check_softmax_kernel",
+    "",
+    None,
+    custom=_check_softmax_kernel,
+    params=("kernel",),
     doc="Check a Triton ``softmax_kernel(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr)`` "
     "launched with one program per row (on the GPU, or in Triton's interpreter on the CPU).",
 )
@@ -290,11 +353,14 @@ BACKWARD_DELTA = Exercise(
     lambda out, grad_out: (grad_out * out).sum(-1),
     _delta_case,
     (
-        Mistake(lambda out, grad_out: (grad_out * out).sum(-2),
-                "You summed over the rows (dim -2); sum over the head dim (dim -1). "
-                + _HINT_DELTA),
-        Mistake(lambda out, grad_out: grad_out.sum(-1),
-                "Multiply grad_out by out elementwise before summing. " + _HINT_DELTA),
+        Mistake(
+            lambda out, grad_out: (grad_out * out).sum(-2),
+            "You summed over the rows (dim -2); sum over the head dim (dim -1). " + _HINT_DELTA,
+        ),
+        Mistake(
+            lambda out, grad_out: grad_out.sum(-1),
+            "Multiply grad_out by out elementwise before summing. " + _HINT_DELTA,
+        ),
     ),
     hint=_HINT_DELTA,
     atol=1e-9,
