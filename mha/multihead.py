@@ -132,7 +132,7 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(kdim, kv_width, bias=bias, **factory)
         self.v_proj = nn.Linear(vdim, kv_width, bias=bias, **factory)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
-        self._stacked: tuple[tuple, Tensor, Tensor | None] | None = None  # see _stacked_qkv
+        self._stacked: tuple[list, list, Tensor, Tensor | None] | None = None  # see _stacked_qkv
 
     def extra_repr(self) -> str:
         kv = "" if self.num_kv_heads == self.num_heads else f", num_kv_heads={self.num_kv_heads}"
@@ -221,10 +221,11 @@ class MultiHeadAttention(nn.Module):
         S = key.shape[1]
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         if key is query and value is query:  # self-attention: one matmul instead of three
-            qkv = F.linear(query, *self._stacked_qkv())  # (B, L, E + 2·Hkv·D)
-            q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
-        else:
-            q, k, v = self.q_proj(query), self.k_proj(key), self.v_proj(value)
+            qkv = F.linear(query, *self._stacked_qkv())  # (B, L, (H + 2·Hkv)·D)
+            heads = qkv.view(B, L, H + 2 * Hkv, D).transpose(1, 2)  # (B, H + 2·Hkv, L, D)
+            q, k, v = heads.split([H, Hkv, Hkv], dim=1)  # (B, H, L, D), (B, Hkv, L, D) twice
+            return q, k, v
+        q, k, v = self.q_proj(query), self.k_proj(key), self.v_proj(value)
         q = q.view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
         k = k.view(B, S, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
         v = v.view(B, S, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
@@ -239,20 +240,22 @@ class MultiHeadAttention(nn.Module):
         decoding step does not copy the weights again for every token.
         """
         projections = (self.q_proj, self.k_proj, self.v_proj)
-        params = [t for p in projections for t in (p.weight, p.bias) if t is not None]
+        weights: list[Tensor] = [p.weight for p in projections]
+        biases: list[Tensor] = [b for b in (p.bias for p in projections) if b is not None]
 
         def stack() -> tuple[Tensor, Tensor | None]:
-            weight = torch.cat([p.weight for p in projections])  # (E + 2·Hkv·D, E)
-            bias = None if self.q_proj.bias is None else torch.cat([p.bias for p in projections])
-            return weight, bias
+            return torch.cat(weights), torch.cat(biases) if biases else None  # (E + 2·Hkv·D, E)
 
+        params = weights + biases
         if torch.is_grad_enabled() and any(t.requires_grad for t in params):
             return stack()
-        stamp = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in params)
+        # Where each parameter lives and how often it was changed in place. The cache keeps the
+        # tensors it was built from, so no new weight can be allocated at one of these addresses.
+        stamp = [(t.data_ptr(), t._version) for t in params]
         if self._stacked is None or self._stacked[0] != stamp:
             with torch.no_grad():
-                self._stacked = (stamp, *stack())
-        return self._stacked[1], self._stacked[2]
+                self._stacked = (stamp, [t.detach() for t in params], *stack())
+        return self._stacked[2], self._stacked[3]
 
     def _attend(
         self,

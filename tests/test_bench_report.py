@@ -24,7 +24,7 @@ NEEDLES = (
     "scaled_dot_product_attention float16 error",
     "flash_attention bfloat16 error",
     "MultiHeadAttention(backend='flash') float16 error",
-    "decode step self-attention projection / three nn.Linear time, B=1 L=1 E=1024",
+    "decode step q/k/v projection and head split / three nn.Linear time, B=1 L=1 E=1024",
     "decode step with GQA (H=8, Hkv=2) / without GQA time, cache 64, E=512",
     "decode attention, grouped / repeated key-value heads time, Hkv=2 cache 64 E=1024",
 )
