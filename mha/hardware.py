@@ -6,6 +6,7 @@ call from the inputs (device, dtype, shapes, mask, dropout) and the hardware. Th
 which of them *can* run for given inputs by forcing each one in turn with
 ``torch.nn.attention.sdpa_kernel`` and recording either success or the reason torch gives.
 
+* :func:`capabilities` — the one decision of which dtypes and kernels to use on a device.
 * :func:`device_report` — device name, compute capability, torch/CUDA versions, fp16/bf16/TF32.
 * :func:`sdpa_backends` — which backends run for one set of SDPA arguments, and which torch picks.
 * :func:`hardware_report` — both, over a few typical inputs, as one table.
@@ -29,13 +30,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import validation as validate
+from .device import Capabilities, capabilities
+from .device import resolve_device as _as_device
 
 __all__ = [
     "BackendReport",
     "BackendStatus",
+    "Capabilities",
     "DeviceReport",
     "DtypeSupport",
     "HardwareReport",
+    "capabilities",
     "default_cases",
     "device_report",
     "hardware_report",
@@ -59,25 +64,6 @@ def _backends() -> list[Any]:
     except ImportError:  # torch < 2.2 has no per-call backend selection
         return []
     return [b for name, b in SDPBackend.__members__.items() if name != "ERROR"]
-
-
-def _as_device(device: str | torch.device | None) -> torch.device:
-    if device is None:
-        return (
-            torch.device("cuda", torch.cuda.current_device())
-            if torch.cuda.is_available()
-            else torch.device("cpu")
-        )
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"device must name a torch device, got {device!r}") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device is {str(dev)!r} but CUDA is not available on this machine")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-    return dev
 
 
 # --------------------------------------------------------------------------------------- device
@@ -177,14 +163,15 @@ def _dtype_support(device: torch.device) -> tuple[DtypeSupport, ...]:
         True,
         "tensor cores" if tensor_cores else "no tensor cores before compute capability 7.0",
     )
-    if major >= 8:
+    caps = capabilities(device)  # the one decision of what is native here
+    if caps.bfloat16:
         bf16 = DtypeSupport("bfloat16", True, "tensor cores")
     else:
         # Pre-Ampere GPUs (e.g. the T4, 7.5) have no bfloat16 units; torch emulates it slowly.
         bf16 = DtypeSupport(
             "bfloat16", False, "emulated only: no bfloat16 units before compute capability 8.0"
         )
-    if major >= 8:
+    if caps.tf32:
         # "highest" keeps float32 matmuls in full float32; "high"/"medium" allow TF32.
         on = torch.get_float32_matmul_precision() != "highest"
         tf32 = DtypeSupport(

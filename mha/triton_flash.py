@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from . import validation as validate
+from .device import capabilities
 
 try:
     import triton
@@ -276,8 +277,7 @@ def _check_device(query: Tensor, interpreted: bool) -> None:
         query.device.type == "cuda"
         and not interpreted
         and query.dtype == torch.bfloat16
-        and torch.version.hip is None
-        and torch.cuda.get_device_capability(query.device) < (8, 0)
+        and not capabilities(query.device).triton_bfloat16
     ):
         # Pre-Ampere NVIDIA GPUs have no bfloat16 tensor cores: say so here, with the fix,
         # rather than fail deep inside Triton's compiler.
