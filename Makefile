@@ -9,6 +9,7 @@
 #   make execute  re-execute every chapter in place (after editing a chapter or mha) and
 #                 refresh their text twins in chapters/text/ (make text does only that)
 #   make bench    measure the performance targets (tools/bench_report.py), each a ratio to PyTorch
+#   make gpu-check  run every chapter and the report on this machine -> results/<device>.json
 #   make clean    remove build outputs (keeps .venv and node_modules)
 
 PYTHON ?= python3
@@ -27,10 +28,10 @@ NBVAL    := $(BIN)/pytest -p no:cacheprovider --nbval --nbval-current-env \
             --nbval-sanitize-with tests/sanitize.cfg
 
 .PHONY: help venv book lint test test-unit test-notebooks test-colab test-newest test-browser mathjax \
-        serve execute text bench clean
+        serve execute text bench gpu-check clean
 
 help:
-	@sed -n '3,13p' Makefile
+	@sed -n '3,14p' Makefile
 
 # The virtual environment is (re)installed whenever requirements.txt or pyproject.toml changes.
 $(STAMP): requirements.txt pyproject.toml
@@ -110,6 +111,11 @@ text: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python tools/bench_report.py
+
+# Every chapter strictly, the performance report and (on a GPU) the Triton kernel's throughput,
+# recorded in results/<device>.json. On a machine without CUDA it writes results/cpu.json.
+gpu-check: $(STAMP)
+	$(BIN)/python tools/gpu_check.py
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis

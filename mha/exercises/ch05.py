@@ -271,8 +271,8 @@ def _cpu_backend(name: str) -> tuple[str, str]:
 
 _HINT_FLASH = (
     "The CPU flash kernel accepts masks (bool or float), is_causal, and float32, float64, "
-    "bfloat16 and float16 inputs; what it needs is 4-D tensors with a contiguous last dim, equal "
-    "head dims and no dropout."
+    "bfloat16 and float16 inputs; what it needs is a contiguous last dim, equal head dims and no "
+    "dropout (and, up to torch 2.13, 4-D tensors: torch 2.14 runs it on 3-D ones too)."
 )
 
 

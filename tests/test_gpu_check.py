@@ -1,0 +1,40 @@
+"""tools/gpu_check.py writes a results file with every field the appendix and the issue name."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "tools"))
+
+import gpu_check  # noqa: E402 (tools/ is not a package: it joins the path first)
+
+
+@pytest.mark.slow
+def test_quick_run_on_one_chapter_writes_the_cpu_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_check, "RESULTS", tmp_path)
+    chapter = REPO / "chapters" / "01_queries_keys_values.ipynb"
+    assert gpu_check.main(["--quick", "--chapters", str(chapter)]) == 0
+    result = json.loads((tmp_path / "cpu.json").read_text())
+    assert set(result) >= {
+        "device",
+        "compute_capability",
+        "date",
+        "torch",
+        "triton",
+        "chapters",
+        "report",
+    }
+    assert result["chapters"]["01_queries_keys_values"]["passed"] is True
+    assert result["chapters"]["01_queries_keys_values"]["seconds"] > 0
+    names = [c["name"] for c in result["report"]]
+    assert len(names) == 20 and any("causal tile-skipping" in n for n in names)
+    assert result["triton_vs_sdpa_fp16"] is None  # no GPU here
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_device_slug():
+    assert gpu_check.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"

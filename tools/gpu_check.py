@@ -1,0 +1,182 @@
+"""Run the whole course on this machine and record what it measured: results/<device>.json.
+
+    python tools/gpu_check.py            # or: make gpu-check
+    python tools/gpu_check.py --quick    # the performance report at smoke-test sizes
+
+On a CUDA machine it runs on the GPU; elsewhere it produces the CPU file. It executes every chapter
+strictly (every cell, every assert, nothing written back), runs the performance report
+(tools/bench_report.py) on the device, and, on a GPU, times the chapter-6 Triton kernel against
+torch's SDPA in float16 for L from 1k to 16k. The JSON holds the device, its compute capability,
+the versions of torch and triton, each chapter's pass/fail and wall time, and every measured ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import nbformat
+import torch
+from fold_solutions import fold
+from nbclient import NotebookClient
+
+import mha
+from mha.device import capabilities
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "results"
+sys.path.insert(0, str(REPO / "tools"))
+
+import bench_report  # noqa: E402 (tools/ is not a package)
+
+
+def device_name() -> str:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def run_chapter(path: Path) -> dict[str, object]:
+    """Execute one chapter in a fresh kernel, every cell, stopping at the first error."""
+    nb = nbformat.read(path, as_version=4)
+    fold(nb)
+    client = NotebookClient(
+        nb,
+        timeout=1200,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+        skip_cells_with_tag="skip-execution",
+        extra_arguments=["--InteractiveShell.xmode=Minimal"],
+    )
+    start = time.perf_counter()
+    try:
+        client.execute()
+        error = None
+    except Exception as err:  # the chapter failed: record where, keep going with the others
+        error = "".join(traceback.format_exception_only(type(err), err)).strip()[-2000:]
+    return {
+        "passed": error is None,
+        "seconds": round(time.perf_counter() - start, 1),
+        "error": error,
+    }
+
+
+def triton_throughput(quick: bool) -> list[dict[str, object]]:
+    """TFLOP/s of the chapter-6 kernel and of torch SDPA, float16 forward, on a CUDA GPU."""
+    from mha import triton_flash
+    from mha.bench import time_fn
+
+    rows = []
+    lengths = [1024, 2048] if quick else [1024, 2048, 4096, 8192, 16384]
+    g = torch.Generator().manual_seed(0)
+    for D in (64, 128):
+        for L in lengths:
+            for causal in (False, True):
+                B, H = max(1, 16384 // L), 16
+                q, k, v = (
+                    torch.randn(B, H, L, D, generator=g).to("cuda", torch.float16) for _ in range(3)
+                )
+                flops = 4 * B * H * L * L * D / (2 if causal else 1)
+                ours = time_fn(triton_flash.triton_attention, q, k, v, is_causal=causal).median
+                theirs = time_fn(
+                    torch.nn.functional.scaled_dot_product_attention, q, k, v, is_causal=causal
+                ).median
+                rows.append(
+                    {
+                        "D": D,
+                        "L": L,
+                        "causal": causal,
+                        "triton_tflops": flops / ours / 1e12,
+                        "sdpa_tflops": flops / theirs / 1e12,
+                        "ratio": theirs / ours,
+                    }
+                )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python tools/gpu_check.py", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="performance report at smoke-test sizes"
+    )
+    parser.add_argument("--chapters", nargs="*", help="only these chapter files")
+    args = parser.parse_args(argv)
+
+    cuda = torch.cuda.is_available()
+    dev = "cuda" if cuda else "cpu"
+    caps = capabilities(dev)
+    name = device_name()
+    try:
+        import triton
+
+        triton_version: str | None = triton.__version__
+    except ImportError:
+        triton_version = None
+    result: dict[str, object] = {
+        "device": name,
+        "compute_capability": caps.compute_capability,
+        "date": dt.date.today().isoformat(),
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "mha": mha.__version__,
+        "python": platform.python_version(),
+        "capabilities": {
+            "bfloat16": caps.bfloat16,
+            "tf32": caps.tf32,
+            "sdpa_flash": caps.sdpa_flash,
+        },
+    }
+    chapters = (
+        [Path(p) for p in args.chapters]
+        if args.chapters
+        else sorted((REPO / "chapters").glob("[0-9][0-9]_*.ipynb"))
+    )
+    result["chapters"] = {}
+    for path in chapters:
+        print(f"{path.name} ...", end=" ", flush=True)
+        outcome = run_chapter(path)
+        result["chapters"][path.stem] = outcome  # type: ignore[index]
+        print(
+            ("passed" if outcome["passed"] else "FAILED") + f" in {outcome['seconds']} s",
+            flush=True,
+        )
+    checks = bench_report.run_report(
+        quick=args.quick, device=dev, log=lambda line: print(line, flush=True)
+    )
+    result["report"] = [
+        {
+            "name": c.name,
+            "value": c.value,
+            "target": c.target,
+            "at_most": c.at_most,
+            "passed": c.passed,
+        }
+        for c in checks
+    ]
+    result["triton_vs_sdpa_fp16"] = (
+        triton_throughput(args.quick) if cuda and triton_version else None
+    )
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"{slug(name if cuda else 'cpu')}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {out.relative_to(REPO) if out.is_relative_to(REPO) else out}")
+    failed = [c for c, o in result["chapters"].items() if not o["passed"]]  # type: ignore[union-attr]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
