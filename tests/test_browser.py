@@ -5,8 +5,12 @@ and a local MathJax 3 from `npm ci` (node_modules/mathjax). The book loads MathJ
 here that request is answered from the local copy, so the test really checks typeset math, offline.
 Any other request that leaves localhost is blocked.
 
+It also reads every page on a phone (390 x 844): the sidebar and the in-page contents open and
+their links work, nothing scrolls the page sideways, and axe-core (npm, node_modules/axe-core)
+finds no critical or serious accessibility violation, at phone and at desktop width.
+
 Locally a missing prerequisite skips the test; with the environment variable CI set it fails.
-Screenshots of every chapter land in _build/screenshots/.
+Screenshots of every chapter land in _build/screenshots/ (phone-*.png at phone width).
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ SCREENSHOTS = REPO / "_build" / "screenshots"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 MATHJAX_LOCAL = REPO / "node_modules" / "mathjax" / "es5"
 MATHJAX_CDN = "https://cdn.jsdelivr.net/npm/mathjax@3/es5/"
+AXE_JS = REPO / "node_modules" / "axe-core" / "axe.min.js"
+DESKTOP = {"width": 1280, "height": 900}
+PHONE = {"width": 390, "height": 844}
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -43,6 +50,7 @@ CHROMIUM_ARGS = [
 ]
 CHAPTERS = [f for f in toc_chapter_files(read_yaml(REPO / "_toc.yml")) if f.startswith("chapters/")]
 CONFIG = read_yaml(REPO / "_config.yml")
+PAGES = [f"{read_yaml(REPO / '_toc.yml')['root']}.html"] + [f"{c}.html" for c in CHAPTERS]
 
 # TeX that MathJax should have consumed; seen in the page text, it means math was not typeset.
 RAW_TEX = re.compile(
@@ -88,6 +96,83 @@ IMAGES_JS = """async () => {
 KNOWN_PAGE_ERRORS = {"Identifier 'THEBE_JS_URL' has already been declared"}
 
 
+# Elements that stick out to the right of the viewport without a scrolling box around them, that
+# is, what makes the page itself scroll sideways. Drawers parked off-screen (position: fixed)
+# do not widen the page, so they do not count.
+PAGE_OVERFLOW_JS = """() => {
+  const width = document.documentElement.clientWidth;
+  const inScrollBox = el => {
+    for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) {
+      const s = getComputedStyle(a);
+      if (s.position === 'fixed' || ['auto', 'scroll', 'hidden', 'clip'].includes(s.overflowX))
+        return true;
+    }
+    return false;
+  };
+  const culprits = [...document.querySelectorAll('body *')]
+    .filter(el => el.getBoundingClientRect().right > width + 1 && !inScrollBox(el)
+                  && getComputedStyle(el).position !== 'fixed')
+    .map(el => `${el.tagName.toLowerCase()}.${[...el.classList].join('.')} `
+               + `(right edge ${Math.round(el.getBoundingClientRect().right)} px): `
+               + (el.textContent || '').trim().slice(0, 60));
+  return {scrollWidth: document.documentElement.scrollWidth, width, culprits};
+}"""
+
+# Display math must fit the text column: a formula wider than that scrolls inside its own box
+# (overflow-x auto on the mjx-container) instead of widening the page or being cut off.
+WIDE_CONTENT_JS = """() => {
+  const article = document.querySelector('article').getBoundingClientRect();
+  const math = [...document.querySelectorAll('article mjx-container[display="true"]')]
+    .filter(el => {
+      const r = el.getBoundingClientRect();
+      const scrolls = ['auto', 'scroll'].includes(getComputedStyle(el).overflowX);
+      return r.right > article.right + 1 || (el.scrollWidth > el.clientWidth + 1 && !scrolls);
+    })
+    .map(el => (el.getAttribute('aria-label') || el.textContent).slice(0, 60));
+  // A table wider than its box scrolls inside it, with a visible hint above it, and can be
+  // scrolled from the keyboard.
+  const tables = [...document.querySelectorAll('article .pst-scrollable-table-container')]
+    .filter(box => box.scrollWidth > box.clientWidth + 1)
+    .filter(box => {
+      const hint = box.previousElementSibling;
+      return !(hint && hint.classList.contains('book-scroll-hint') && hint.offsetHeight > 0
+               && box.tabIndex === 0);
+    })
+    .map(box => box.textContent.trim().slice(0, 60));
+  return {math, tables};
+}"""
+
+# axe-core's findings that are not the book's to fix: elements of the theme's own chrome, which
+# the book cannot change from its side. Each is listed with its reason; everything else on the
+# page, the theme's navigation included, is checked.
+AXE_EXCLUDE = [
+    # pydata-sphinx-theme 0.16.1's light/dark switch: its aria-label "Color mode" does not contain
+    # the titles of its icons (Light, Dark, System Settings), label-content-name-mismatch
+    # (serious). Its markup comes from the theme's template.
+    ".theme-switch-button",
+    # The theme's search field in the desktop sidebar: aria-label "Search", visible text
+    # "Search" plus the shortcut "Ctrl+K", label-content-name-mismatch (serious); theme template.
+    ".search-button-field",
+]
+
+
+def axe_violations(page) -> list[str]:
+    """Critical and serious axe-core violations on the page, outside AXE_EXCLUDE."""
+    page.add_script_tag(content=AXE_JS.read_text(encoding="utf-8"))
+    violations = page.evaluate(
+        """async exclude => {
+          const result = await axe.run({exclude: exclude.map(s => [s])},
+                                       {resultTypes: ['violations']});
+          return result.violations
+            .filter(v => v.impact === 'critical' || v.impact === 'serious')
+            .map(v => `${v.impact} ${v.id} (${v.help}): `
+                      + v.nodes.slice(0, 5).map(n => n.target.join(' ')).join(' | '));
+        }""",
+        AXE_EXCLUDE,
+    )
+    return violations
+
+
 class QuietHandler(SimpleHTTPRequestHandler):
     def log_message(self, *args) -> None:
         pass
@@ -113,6 +198,8 @@ def browser():
         skip_or_fail(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set CHROMIUM=...)")
     if not (MATHJAX_LOCAL / "tex-mml-chtml.js").exists():
         skip_or_fail("no local MathJax in node_modules/mathjax; run `npm ci`")
+    if not AXE_JS.exists():
+        skip_or_fail("no axe-core in node_modules/axe-core; run `npm ci`")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -126,7 +213,17 @@ def browser():
 @pytest.fixture
 def open_page(browser, site):
     """open_page(path) -> (page, problems): the page loaded, MathJax finished, problems recorded."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    yield from page_opener(browser, site, DESKTOP)
+
+
+@pytest.fixture
+def open_phone_page(browser, site):
+    """open_page at a phone's viewport (390 x 844, touch, mobile layout)."""
+    yield from page_opener(browser, site, PHONE, is_mobile=True, has_touch=True)
+
+
+def page_opener(browser, site: str, viewport: dict, **options):
+    context = browser.new_context(viewport=viewport, **options)
     problems: dict[str, list[str]] = {"mathjax_missing": [], "page_errors": [], "blocked": []}
 
     def route(r) -> None:
@@ -226,6 +323,11 @@ def test_landing_page(open_page):
             f"index does not link {chapter}"
         )
     assert not problems["page_errors"], f"JavaScript errors: {problems['page_errors']}"
+    check_wide_content(page, "index.html")
+    violations = axe_violations(page)
+    assert not violations, "index.html: accessibility violations (axe-core):\n" + "\n".join(
+        violations
+    )
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=SCREENSHOTS / "index.png", full_page=True)
 
@@ -246,6 +348,7 @@ def test_chapter_page(open_page, chapter):
     assert not re.match(r"^\d+\.\s*\d+\.", h1), f"{path}: the title is numbered twice: {h1!r}"
 
     check_math(page, path, problems)
+    check_wide_content(page, path)
 
     # Every figure loads; every PNG output of the notebook is on the page.
     images = page.evaluate(IMAGES_JS)
@@ -287,3 +390,68 @@ def test_chapter_page(open_page, chapter):
             page.screenshot(path=SCREENSHOTS / f"{stem}-solution.png")
 
     assert not problems["page_errors"], f"{path}: JavaScript errors: {problems['page_errors']}"
+    violations = axe_violations(page)
+    assert not violations, f"{path}: accessibility violations (axe-core):\n" + "\n".join(violations)
+
+
+def check_wide_content(page, path: str) -> None:
+    wide = page.evaluate(WIDE_CONTENT_JS)
+    assert not wide["math"], f"{path}: display math cut off or widening the page: {wide['math']}"
+    assert not wide["tables"], f"{path}: wide tables without a scroll hint: {wide['tables']}"
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_phone_page(open_phone_page, path):
+    """On a phone: the page never scrolls sideways, wide content scrolls in its own box, axe."""
+    page, problems = open_phone_page(path)
+    overflow = page.evaluate(PAGE_OVERFLOW_JS)
+    assert overflow["scrollWidth"] <= overflow["width"] and not overflow["culprits"], (
+        f"{path}: the page scrolls sideways at {PHONE['width']} px "
+        f"(scrollWidth {overflow['scrollWidth']}); what sticks out:\n"
+        + "\n".join(overflow["culprits"][:10])
+    )
+    check_wide_content(page, path)
+    violations = axe_violations(page)
+    assert not violations, f"{path}: accessibility violations on a phone (axe-core):\n" + (
+        "\n".join(violations)
+    )
+    assert not problems["page_errors"], f"{path}: JavaScript errors: {problems['page_errors']}"
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / f"phone-{Path(path).stem}.png", full_page=True)
+
+
+def test_phone_navigation(open_phone_page):
+    """Below desktop width the sidebars are drawers: their buttons must open them, and their
+    links must work (pydata-sphinx-theme 0.17 left both buttons dead, its issue #2451)."""
+    root = read_yaml(REPO / "_toc.yml")["root"]
+    target = CHAPTERS[min(2, len(CHAPTERS) - 1)]
+    page, problems = open_phone_page(f"{root}.html")
+
+    # The chapter list is hidden until the menu button opens it.
+    toggle = page.locator("button.primary-toggle:visible")
+    assert toggle.count() == 1, f"{toggle.count()} visible menu buttons on a phone, expected 1"
+    drawer = page.locator("#pst-primary-sidebar-modal")
+    assert not drawer.is_visible(), "the chapter list is open before the menu button is pressed"
+    toggle.click()
+    drawer.wait_for(state="visible", timeout=5000)
+    links = drawer.locator(f'a[href$="{Path(target).name}.html"]')
+    assert links.count() == 1, f"the opened chapter list has no link to {target}"
+    links.first.click()
+    page.wait_for_url(f"**/{target}.html", wait_until="load", timeout=10_000)
+    heading = page.locator("article h1").first.inner_text()
+    assert heading.strip(), f"{target}: no heading after following the sidebar link"
+
+    # The in-page contents: the secondary drawer, with links to the sections of this page.
+    contents = page.locator("button.secondary-toggle:visible")
+    assert contents.count() == 1, f"{contents.count()} visible contents buttons, expected 1"
+    toc = page.locator("#pst-secondary-sidebar-modal")
+    assert not toc.is_visible(), "the in-page contents are open before the button is pressed"
+    contents.click()
+    toc.wait_for(state="visible", timeout=5000)
+    sections = toc.locator('a[href^="#"]')
+    assert sections.count() >= 3, f"{target}: the in-page contents show {sections.count()} links"
+    second = sections.nth(1)
+    anchor = second.get_attribute("href")
+    second.click()
+    page.wait_for_url(f"**/{target}.html{anchor}", timeout=5000)
+    assert not problems["page_errors"], f"JavaScript errors: {problems['page_errors']}"

@@ -1,0 +1,88 @@
+// The book's own script: a scroll hint on wide tables, and two accessibility fixes for HTML
+// that the Sphinx extensions write. Checked by tests/test_browser.py (axe-core).
+"use strict";
+
+(function () {
+  // Wide tables: say that they scroll sideways, and let a keyboard scroll them (a scrollable
+  // box must be focusable). Re-checked when the window changes size.
+  function markScrollableTables() {
+    document.querySelectorAll(".pst-scrollable-table-container").forEach(function (box) {
+      var scrollable = box.scrollWidth > box.clientWidth + 1;
+      var hint = box.previousElementSibling;
+      var hasHint = hint && hint.classList.contains("book-scroll-hint");
+      box.classList.toggle("is-scrollable", scrollable);
+      if (scrollable) {
+        box.setAttribute("tabindex", "0");
+        box.setAttribute("role", "region");
+        box.setAttribute("aria-label", "Table, scrolls sideways");
+        if (!hasHint) {
+          hint = document.createElement("p");
+          hint.className = "book-scroll-hint";
+          hint.setAttribute("aria-hidden", "true");
+          hint.textContent = "Wide table: scroll sideways to see all of it \u2192";
+          box.parentNode.insertBefore(hint, box);
+        }
+      } else {
+        box.removeAttribute("tabindex");
+        box.removeAttribute("role");
+        box.removeAttribute("aria-label");
+        if (hasHint) hint.remove();
+      }
+    });
+  }
+
+  function fixAria() {
+    // docutils writes the bibliography as <div role="list"> of <div role="doc-biblioentry">.
+    // DPUB-ARIA 1.1 deprecates doc-biblioentry in favour of listitem, and axe-core does not
+    // accept it as a list item (critical: aria-required-children).
+    document.querySelectorAll('[role="list"] > [role="doc-biblioentry"]').forEach(function (el) {
+      el.setAttribute("role", "listitem");
+    });
+    // myst-nb names the "Show code cell source" toggle "Toggle hidden content", a name that
+    // does not contain its visible text (WCAG 2.5.3, label in name). Its visible text names it.
+    document.querySelectorAll('summary[aria-label="Toggle hidden content"]').forEach(function (el) {
+      el.removeAttribute("aria-label");
+    });
+  }
+
+  // A code block that scrolls sideways must be reachable from the keyboard (WCAG 2.1.1).
+  // The theme gives such blocks tabindex="0" once, at page load (the others get "-1"); a block
+  // inside a folded solution has no width then, so it is handled here when it becomes visible
+  // and overflows.
+  function focusableCodeBlocks(entries) {
+    entries.forEach(function (entry) {
+      var pre = entry.target;
+      if (pre.scrollWidth > pre.clientWidth + 1 && pre.tabIndex < 0) {
+        pre.setAttribute("tabindex", "0");
+      }
+    });
+  }
+
+  function init() {
+    fixAria();
+    markScrollableTables();
+    if (window.ResizeObserver) {
+      var preObserver = new ResizeObserver(focusableCodeBlocks);
+      document.querySelectorAll("article pre").forEach(function (pre) {
+        preObserver.observe(pre);
+      });
+    }
+    // Re-check whenever a table or its box changes size: on resize, and when MathJax typesets
+    // the math in a table after this script ran.
+    if (window.ResizeObserver) {
+      var observer = new ResizeObserver(markScrollableTables);
+      document.querySelectorAll(".pst-scrollable-table-container").forEach(function (box) {
+        observer.observe(box);
+        if (box.firstElementChild) observer.observe(box.firstElementChild);
+      });
+    } else {
+      window.addEventListener("resize", markScrollableTables);
+    }
+  }
+
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", init);
+  } else {
+    init();
+  }
+})();
