@@ -17,6 +17,9 @@ import nbformat
 import pytest
 from conftest import REPO, toc_chapter_files
 
+sys.path.insert(0, str(REPO / "tools"))
+from fold_solutions import solution_ranges  # noqa: E402 (tools/ joins the path first)
+
 SETUP_CELL = REPO / "tools" / "setup_cell.txt"
 NOTEBOOKS = sorted((REPO / "chapters").glob("[0-9][0-9]_*.ipynb"))
 
@@ -304,20 +307,6 @@ def test_exercises_have_executed_auto_checked_solutions(notebook):
 TITLE_RE = re.compile(r"^#\s*@title\s+\S")
 BACKTICK_EXERCISE_RE = re.compile(r"^[ \t]*`{3,}\{(?:exercise|solution)[\w-]*\}", re.MULTILINE)
 FOLD_HINT = "run `python tools/fold_solutions.py` on it (`make execute` does)"
-
-
-def solution_ranges(nb) -> list[tuple[int, int]]:
-    """(start, end) indices of the {solution-start} and {solution-end} cells of each solution."""
-    ranges, start = [], None
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type != "markdown":
-            continue
-        if start is None and SOLUTION_START_RE.search(cell.source):
-            start = i
-        elif start is not None and SOLUTION_END_RE.search(cell.source):
-            ranges.append((start, i))
-            start = None
-    return ranges
 
 
 def source_hidden(cell) -> bool:
