@@ -279,7 +279,7 @@ def check_math(page, path: str, problems: dict) -> None:
 
 def notebook_facts(stem: str) -> dict:
     nb = nbformat.read(REPO / "chapters" / f"{stem}.ipynb", as_version=4)
-    title = next(ln for ln in nb.cells[1].source.splitlines() if ln.startswith("# "))[2:].strip()
+    title = next(ln for ln in nb.cells[0].source.splitlines() if ln.startswith("# "))[2:].strip()
     markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     return {
         "title": title,

@@ -177,10 +177,10 @@ def colab_notebook(path: Path, repository: Path) -> nbformat.NotebookNode:
         cell.metadata.pop("tags", None)
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    setup = nb.cells[0]
+    setup = nb.cells[1]  # the chapter opens with its title, then the setup cell
     urls = GIT_URL_RE.findall(setup.source)
     assert len(urls) == 1 and "google.colab" in setup.source, (
-        f"{path.name}: the first cell is not the setup cell with one `%pip install ... git+https://...`"
+        f"{path.name}: the second cell is not the setup cell with one `%pip install ... git+https://...`"
     )
     # "localhost" keeps pip's URL check happy; git reads it as a local path.
     setup.source = setup.source.replace(urls[0], f"git+file://localhost{repository}")

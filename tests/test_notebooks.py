@@ -142,13 +142,13 @@ def test_is_valid_nbformat(notebook):
     )
 
 
-def test_first_cell_is_the_shared_setup_cell(notebook):
+def test_second_cell_is_the_shared_setup_cell(notebook):
     path, nb = notebook
-    first = nb.cells[0]
-    assert first.cell_type == "code", f"{path.name}: the first cell must be the setup code cell"
+    first = nb.cells[1]  # right after the title: the first code a reader (or Colab) runs
+    assert first.cell_type == "code", f"{path.name}: the second cell must be the setup code cell"
     expected = SETUP_CELL.read_text(encoding="utf-8").rstrip("\n")
     assert first.source.rstrip("\n") == expected, (
-        f"{path.name}: the first cell differs from tools/setup_cell.txt; paste that file's text exactly"
+        f"{path.name}: the setup cell differs from tools/setup_cell.txt; paste that file's text exactly"
     )
     for tag in ("hide-input", "nbval-ignore-output"):
         assert tag in tags(first), (
@@ -156,14 +156,14 @@ def test_first_cell_is_the_shared_setup_cell(notebook):
         )
 
 
-def test_second_cell_has_label_and_title(notebook, toc):
+def test_chapter_opens_with_label_and_title(notebook, toc):
     path, nb = notebook
-    cell = nb.cells[1]
-    assert cell.cell_type == "markdown", f"{path.name}: the second cell must be markdown"
+    cell = nb.cells[0]
+    assert cell.cell_type == "markdown", f"{path.name}: the first cell must be markdown"
     lines = [line for line in cell.source.splitlines() if line.strip()]
     label = f"(ch{path.name[:2]})="
     assert lines and lines[0].strip() == label, (
-        f"{path.name}: the second cell must start with the label line {label}, got {lines[:1]}"
+        f"{path.name}: the first cell must start with the label line {label}, got {lines[:1]}"
     )
     assert len(lines) > 1 and re.match(r"# \S", lines[1]), (
         f"{path.name}: the label must be followed by the chapter title as a '# ' heading, got {lines[1:2]}"
