@@ -1,4 +1,4 @@
-"""FlashAttention's forward pass in plain PyTorch: online softmax over key/value tiles.
+"""FlashAttention in plain PyTorch: online softmax over key/value tiles, forward and backward.
 
 The full ``(L, S)`` score matrix is never built. As in FlashAttention-2, the outer loop runs over
 blocks of query rows and the inner loop over tiles of ``block_size`` keys; each tile updates the
@@ -13,6 +13,14 @@ When a later tile raises the maximum, the old ``l`` and ``acc`` are rescaled by
 entirely (causal attention, sliding windows) are skipped: that is where the speed of causal
 FlashAttention comes from. Tiles are large (128 keys, and 512 query rows per step) because each
 one is a few separate PyTorch calls: fewer, larger calls keep the matrix products efficient.
+
+Extra memory is ``O(L · block_size)`` for one tile of scores plus ``O(L · Dv)`` for the state.
+Fully masked rows give zeros. Float16/bfloat16 inputs are computed in float32 (scores, ``m``,
+``l``, ``acc``) and the output is rounded to the input dtype once, at the end.
+
+The backward pass keeps no weights either: the forward pass saves one number per row, the
+logsumexp ``lse = m + log(l)``, from which :func:`flash_attention_backward` rebuilds any tile of
+the weights exactly, ``P = exp(scores - lse)``, on the same tiles.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import torch
 from torch import Tensor
@@ -127,6 +136,26 @@ def tile_schedule(
     return tiles
 
 
+def _group_heads(
+    query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, groups: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """Grouped-query attention without copies: (..., Hkv, G, L, D) queries against
+    (..., Hkv, 1, S, D) keys and values; a mask ``(..., H, L, S)`` is grouped like the queries."""
+    query = query.unflatten(-3, (key.shape[-3], groups))
+    if attn_mask is not None:
+        attn_mask = attn_mask.unflatten(-3, (key.shape[-3], groups))
+    return query, key.unsqueeze(-3), value.unsqueeze(-3), attn_mask
+
+
+def _empty_state(query: Tensor, dv: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The running ``(m, l, acc)`` before any key: ``-inf``, 0 and 0, one row per query row."""
+    rows, dtype, device = query.shape[:-1], query.dtype, query.device
+    m = torch.full((*rows, 1), float("-inf"), dtype=dtype, device=device)
+    l = torch.zeros((*rows, 1), dtype=dtype, device=device)
+    return m, l, torch.zeros((*rows, dv), dtype=dtype, device=device)
+
+
+@overload
 def flash_attention(
     query: Tensor,
     key: Tensor,
@@ -137,65 +166,217 @@ def flash_attention(
     scale: float | None = None,
     block_size: int = 128,
     enable_gqa: bool = False,
-) -> Tensor:
+    return_lse: Literal[False] = False,
+) -> Tensor: ...
+
+
+@overload
+def flash_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    *,
+    scale: float | None = None,
+    block_size: int = 128,
+    enable_gqa: bool = False,
+    return_lse: Literal[True],
+) -> tuple[Tensor, Tensor]: ...
+
+
+def flash_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    *,
+    scale: float | None = None,
+    block_size: int = 128,
+    enable_gqa: bool = False,
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Tiled attention with an online softmax; same result as scaled dot-product attention.
+
+    Differentiable: the backward pass rebuilds each tile from the saved logsumexp (see
+    :func:`flash_attention_backward`) instead of keeping an ``(L, S)`` matrix of weights.
 
     Args:
         query, key, value: as in :func:`mha.scaled_dot_product_attention`.
-        attn_mask: bool keep-mask or float mask added to the scores, broadcasting to ``(..., L, S)``.
-        is_causal: hide future keys, aligned top-left as in PyTorch. May be combined with a mask.
+        attn_mask: bool keep-mask or float mask added to the scores (it gets no gradient).
+        is_causal: hide future keys, top-left as in PyTorch; may be combined with a mask.
         scale: multiplies the scores; defaults to ``1/sqrt(D)``.
         block_size: keys per tile, and rows per query block when tiles are skipped.
-        enable_gqa: key and value may have fewer heads than query (grouped-query attention);
-            each tile of a shared key/value head is read once for its whole group of query heads.
+        enable_gqa: key/value may have fewer heads; a tile is read once for its query group.
+        return_lse: also return the logsumexp of each row's scaled, masked scores.
 
     Shapes:
-        query ``(..., L, D)``, key ``(..., S, D)``, value ``(..., S, Dv)``; returns ``(..., L, Dv)``.
-        Extra memory is ``O(L · block_size)`` for one tile of scores plus ``O(L · Dv)`` for the state.
-
-    Fully masked rows give zeros. Float16/bfloat16 inputs are computed in float32 (scores,
-    ``m``, ``l``, ``acc``) and the output is rounded to the input dtype once, at the end.
+        query ``(..., L, D)``, key ``(..., S, D)``, value ``(..., S, Dv)``, attn_mask broadcasting
+        to ``(..., L, S)``; returns ``(..., L, Dv)``, and with ``return_lse`` also ``(..., L)``
+        (float32, or float64 for float64 inputs; ``-inf`` for a row that sees no key).
     """
     groups, scale = check_arguments(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    block_size = validate.positive_int("block_size", block_size)
+    if attn_mask is not None and attn_mask.requires_grad:
+        raise ValueError(
+            "flash_attention does not compute a gradient for attn_mask; pass attn_mask.detach() "
+            f"(attn_mask {tuple(attn_mask.shape)} requires grad)"
+        )
+    options = (attn_mask, is_causal, scale, block_size, groups)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
+        out, lse = _FlashAttention.apply(query, key, value, *options)
+    else:
+        out, lse = flash_attention_forward(query, key, value, *options[:2], **_kw(options))
+    return (out, lse) if return_lse else out
+
+
+def _kw(options: tuple) -> dict:
+    """The keyword arguments of the forward and backward passes, from ``options``."""
+    return {"scale": options[2], "block_size": options[3], "groups": options[4]}
+
+
+class _FlashAttention(torch.autograd.Function):
+    """Saves query, key, value, out and lse (no ``(L, S)`` tensor); recomputes tiles backward."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, *options):  # type: ignore[override]
+        out, lse = flash_attention_forward(query, key, value, *options[:2], **_kw(options))
+        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.options = options  # the mask is an input: keeping it costs no memory
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse):  # type: ignore[override]
+        query, key, value, out, lse = ctx.saved_tensors
+        options = ctx.options
+        grads = flash_attention_backward(
+            grad_out, query, key, value, out, lse, *options[:2], **_kw(options)
+        )
+        return (*grads, *(None for _ in options))
+
+
+def _tile_scores(
+    query: Tensor, key: Tensor, t: Tile, attn_mask: Tensor | None, future: Tensor | None
+) -> Tensor:
+    """Scores of tile ``t`` (queries already scaled), with the causal diagonal and the mask."""
+    rows = slice(t.q0, t.q1)
+    scores = query[..., rows, :] @ key[..., t.k0 : t.k1, :].transpose(-2, -1)  # (..., R, C)
+    if future is not None and t.k0 == t.q0:  # diagonal tile: row q0 + i hides key k0 + j, j > i
+        n = min(t.k1, t.q1) - t.q0
+        scores[..., :n, :].masked_fill_(future[:n, : t.k1 - t.k0], float("-inf"))
+    if attn_mask is not None:
+        tile_mask = attn_mask[..., rows, t.k0 : t.k1]  # (..., R, C)
+        if tile_mask.dtype == torch.bool:
+            scores.masked_fill_(~tile_mask, float("-inf"))
+        else:
+            scores += tile_mask
+    return scores
+
+
+def flash_attention_forward(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None,
+    is_causal: bool,
+    *,
+    scale: float,
+    block_size: int,
+    groups: int = 1,
+) -> tuple[Tensor, Tensor]:
+    """The tile loop of :func:`flash_attention` on checked arguments: returns ``(out, lse)``.
+
+    ``lse`` is the logsumexp of each row's scaled, masked scores, ``m + log(l)`` (``-inf`` for a
+    row that sees no key): all the backward pass needs to rebuild any tile of the weights.
+
+    Shapes:
+        query ``(..., L, D)``, key ``(..., S, D)``, value ``(..., S, Dv)``; returns out
+        ``(..., L, Dv)`` in the input dtype and lse ``(..., L)`` in the compute dtype.
+    """
     L, S = query.shape[-2], key.shape[-2]
     batch = query.shape[:-2]
     schedule = tile_schedule(L, S, block_size=block_size, is_causal=is_causal, attn_mask=attn_mask)
-
     dtype = query.dtype
     compute = torch.float32 if dtype in validate.LOW_PRECISION else dtype
     query = query.to(compute) * scale  # (..., L, D): scaling L·D numbers once, not every tile
     key, value = key.to(compute), value.to(compute)
     if attn_mask is not None:
         attn_mask = attn_mask.expand(*batch, L, S)  # a view (no memory) that slices like the scores
-    if groups > 1:  # (..., Hkv, G, L, D) queries against (..., Hkv, 1, S, D) keys: no copies
-        query = query.unflatten(-3, (key.shape[-3], groups))
-        key, value = key.unsqueeze(-3), value.unsqueeze(-3)
-        if attn_mask is not None:
-            attn_mask = attn_mask.unflatten(-3, (key.shape[-4], groups))
-    state = query.shape[:-1]  # (..., L)
-    m = torch.full((*state, 1), float("-inf"), dtype=compute, device=query.device)
-    l = torch.zeros((*state, 1), dtype=compute, device=query.device)
-    acc = torch.zeros((*state, value.shape[-1]), dtype=compute, device=query.device)
-    if is_causal:  # in a tile whose rows start at its first key (q0 == k0), row q0 + i may not
-        # see key k0 + j for j > i: the same triangle for every diagonal tile
-        future = torch.ones(block_size, block_size, dtype=torch.bool, device=query.device).triu(1)
-
+    if groups > 1:
+        query, key, value, attn_mask = _group_heads(query, key, value, attn_mask, groups)
+    m, l, acc = _empty_state(query, value.shape[-1])  # (..., L, 1), (..., L, 1), (..., L, Dv)
+    future = _future(block_size, query.device) if is_causal else None
     for t in schedule:
-        rows = slice(t.q0, t.q1)
-        k = key[..., t.k0 : t.k1, :]  # (..., C, D)
-        scores = query[..., rows, :] @ k.transpose(-2, -1)  # (..., R, C)
-        if is_causal and t.k0 == t.q0:
-            n = min(t.k1, t.q1) - t.q0
-            scores[..., :n, :].masked_fill_(future[:n, : t.k1 - t.k0], float("-inf"))
-        if attn_mask is not None:
-            tile_mask = attn_mask[..., rows, t.k0 : t.k1]  # (..., R, C)
-            if tile_mask.dtype == torch.bool:
-                scores.masked_fill_(~tile_mask, float("-inf"))
-            else:
-                scores += tile_mask
+        scores = _tile_scores(query, key, t, attn_mask, future)  # (..., R, C)
         v = value[..., t.k0 : t.k1, :]  # (..., C, Dv)
-        # Views of this tile's rows: the update writes straight into the state.
+        rows = slice(t.q0, t.q1)  # views of this tile's rows: the update writes into the state
         online_softmax_update(m[..., rows, :], l[..., rows, :], acc[..., rows, :], scores, v)
 
     out = acc / torch.where(l == 0, 1.0, l)  # rows that saw no key stay 0
-    return out.reshape(*batch, L, value.shape[-1]).to(dtype)  # (..., L, Dv)
+    lse = torch.where(l == 0, float("-inf"), m + l.log())  # (..., L, 1)
+    return out.reshape(*batch, L, -1).to(dtype), lse.reshape(*batch, L)
+
+
+def _future(block_size: int, device: torch.device) -> Tensor:
+    """``future[i, j]``: in a diagonal tile, key ``j`` comes after row ``i`` (``j > i``)."""
+    return torch.ones(block_size, block_size, dtype=torch.bool, device=device).triu(1)
+
+
+def flash_attention_backward(
+    grad_out: Tensor,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    attn_mask: Tensor | None,
+    is_causal: bool,
+    *,
+    scale: float,
+    block_size: int,
+    groups: int = 1,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients with respect to query, key and value, rebuilding each tile from ``lse``.
+
+    The same tiles as the forward pass (hidden ones skipped), each recomputed:
+    ``P = exp(scores - lse)``, then ``dV += Pᵀ·dO``, ``dS = P ∘ (dO·Vᵀ - D)`` with
+    ``D = rowsum(dO ∘ O)``, ``dQ += dS·K·scale`` and ``dK += dSᵀ·Q·scale``.
+
+    Shapes:
+        grad_out and out ``(..., L, Dv)``, lse ``(..., L)``, the rest as in the forward pass;
+        returns ``(dq, dk, dv)`` shaped like query, key and value.
+    """
+    L, S = query.shape[-2], key.shape[-2]
+    batch = query.shape[:-2]
+    schedule = tile_schedule(L, S, block_size=block_size, is_causal=is_causal, attn_mask=attn_mask)
+    compute = torch.float32 if query.dtype in validate.LOW_PRECISION else query.dtype
+    q = query.to(compute) * scale  # (..., L, D) scaled once, as in the forward pass
+    k, v, d_out = key.to(compute), value.to(compute), grad_out.to(compute)
+    delta = (d_out * out.to(compute)).sum(-1, keepdim=True)  # (..., L, 1) D = rowsum(dO ∘ O)
+    # A row that saw no key has lse = -inf and only -inf scores: shifting it by 0 gives weights
+    # exp(-inf) = 0, and zero gradients, instead of exp(-inf + inf) = NaN.
+    lse = torch.where(torch.isneginf(lse), 0.0, lse).to(compute).unsqueeze(-1)  # (..., L, 1)
+    if attn_mask is not None:
+        attn_mask = attn_mask.expand(*batch, L, S)
+    if groups > 1:  # (..., Hkv, G, L, ·) against (..., Hkv, 1, S, ·), as in the forward pass
+        q, k, v, attn_mask = _group_heads(q, k, v, attn_mask, groups)
+        d_out, delta, lse = (x.unflatten(-3, (key.shape[-3], groups)) for x in (d_out, delta, lse))
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    future = _future(block_size, q.device) if is_causal else None
+    for t in schedule:
+        rows, cols = slice(t.q0, t.q1), slice(t.k0, t.k1)
+        p = (_tile_scores(q, k, t, attn_mask, future) - lse[..., rows, :]).exp_()  # (..., R, C)
+        d_rows = d_out[..., rows, :]  # (..., R, Dv)
+        ds = p * (d_rows @ v[..., cols, :].transpose(-2, -1) - delta[..., rows, :])  # (..., R, C)
+        dq[..., rows, :] += ds @ k[..., cols, :] * scale  # (..., R, D)
+        dv_tile = p.transpose(-2, -1) @ d_rows  # (..., [G,] C, Dv)
+        dk_tile = ds.transpose(-2, -1) @ q[..., rows, :]  # (..., [G,] C, D); q holds the scale
+        if groups > 1:  # the query heads of a group all add to their shared key/value head
+            dv_tile, dk_tile = dv_tile.sum(-3, keepdim=True), dk_tile.sum(-3, keepdim=True)
+        dv[..., cols, :] += dv_tile
+        dk[..., cols, :] += dk_tile
+    if groups > 1:
+        dq, dk, dv = dq.flatten(-4, -3), dk.squeeze(-3), dv.squeeze(-3)
+    return dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype)
