@@ -4,6 +4,7 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
 
 * :func:`scaled_dot_product_attention` — the readable reference (``mha/attention.py``)
 * :func:`flash_attention` — FlashAttention's tiled forward pass in plain PyTorch (``mha/flash.py``)
+* :func:`linear_attention` — kernel-feature-map attention in O(L) (``mha/linear_attention.py``)
 * :func:`causal_mask`, :func:`padding_mask`, :func:`sliding_window_mask` — keep-masks (``mha/masks.py``)
 * :class:`MultiHeadAttention`, :class:`KVCache` — the module and its decoding cache (``mha/multihead.py``)
 * :func:`expect_error` — show a deliberate error in a notebook without stopping it (``mha/demo.py``)
@@ -17,6 +18,7 @@ import importlib
 from .attention import scaled_dot_product_attention, softmax
 from .demo import expect_error
 from .flash import flash_attention, online_softmax_update, tile_schedule
+from .linear_attention import linear_attention
 from .masks import causal_mask, causal_mask_bottom_right, padding_mask, sliding_window_mask
 from .multihead import KVCache, MultiHeadAttention
 
@@ -43,6 +45,7 @@ __all__ = [
     "expect_error",
     "flash_attention",
     "hardware",
+    "linear_attention",
     "online_softmax_update",
     "padding_mask",
     "scaled_dot_product_attention",

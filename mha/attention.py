@@ -2,6 +2,10 @@
 
 ``softmax(Q Kᵀ · scale + mask) V`` written out step by step. Its signature mirrors
 ``torch.nn.functional.scaled_dot_product_attention`` so both can be called with the same keywords.
+
+A query row whose keys are all masked gets zero weights and a zero output, never NaN, in the
+forward and backward pass. Float16/bfloat16 inputs are computed in float32 (scores, softmax and
+weighted sum) and the results rounded back to the input dtype once, at the end.
 """
 
 from __future__ import annotations
@@ -82,34 +86,24 @@ def scaled_dot_product_attention(
     """Attention written out step by step: scores, masks, stable softmax, weighted sum.
 
     Args:
-        query: what each position is looking for.
-        key: what each position offers to be matched against.
-        value: what each position hands over when it is attended to.
-        attn_mask: a bool keep-mask (``True`` = may attend) or a float mask added to the scores
-            (``-inf`` hides a key, other values bias it); broadcasts to ``(..., L, S)``.
-        dropout_p: probability of zeroing an attention weight (applied whenever ``> 0``, like
-            torch's functional form; pass 0 at evaluation time).
-        is_causal: hide future keys, aligned top-left as in PyTorch (query ``i`` sees keys
-            ``0..i``). May be combined with ``attn_mask``.
+        query, key, value: what each position looks for, offers, and hands over when attended.
+        attn_mask: bool keep-mask (``True`` = may attend) or float mask added to the scores
+            (``-inf`` hides a key); broadcasts to ``(..., L, S)``.
+        dropout_p: probability of zeroing a weight (whenever ``> 0``, like torch's function).
+        is_causal: hide future keys, top-left (query ``i`` sees keys ``0..i``); may add to a mask.
         scale: multiplies the scores; defaults to ``1/sqrt(D)``.
         return_weights: also return the attention weights.
-        enable_gqa: let key and value have fewer heads (dim -3) than query, as in torch: query
-            head ``i`` reads key/value head ``i // (H // Hkv)``, and no head is copied.
+        enable_gqa: key/value may have fewer heads (dim -3); query head ``i`` reads head
+            ``i // (H // Hkv)`` without copies.
 
     Shapes:
-        query ``(..., L, D)``, key ``(..., S, D)``, value ``(..., S, Dv)`` with the same leading
-        dims (with ``enable_gqa``: query ``(..., H, L, D)``, key/value ``(..., Hkv, S, ·)``);
-        returns ``(..., L, Dv)``, and with ``return_weights`` also weights ``(..., L, S)``.
-
-    A query row whose keys are all masked gets zero weights and a zero output, never NaN, in the
-    forward and backward pass. Float16/bfloat16 inputs are computed in float32 (scores, softmax
-    and weighted sum) and the results rounded back to the input dtype once, at the end.
+        query ``(..., L, D)``, key ``(..., S, D)``, value ``(..., S, Dv)`` (with ``enable_gqa``
+        key/value ``(..., Hkv, S, ·)``); returns ``(..., L, Dv)`` [and weights ``(..., L, S)``].
     """
     groups, scale = check_arguments(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     validate.probability("dropout_p", dropout_p)
     L, S = query.shape[-2], key.shape[-2]
     scores_shape = (*query.shape[:-2], L, S)  # (..., L, S)
-
     dtype = query.dtype
     if dtype in validate.LOW_PRECISION:
         # Products of float16/bfloat16 numbers are exact in float32, and |q·k| may exceed float16's
@@ -118,9 +112,7 @@ def scaled_dot_product_attention(
 
     q = query * scale  # (..., L, D): scaling L·D numbers is cheaper than scaling L·S scores
     if groups > 1:  # grouped-query attention (chapter 5): G query heads share each key head,
-        q = fold_groups(
-            q, groups
-        )  # so stack their rows, (..., Hkv, G·L, D), instead of copying keys
+        q = fold_groups(q, groups)  # so stack their rows, (..., Hkv, G·L, D): no key is copied
     scores = (q @ key.transpose(-2, -1)).view(scores_shape)  # (..., L, S)
     masked = attn_mask is not None or is_causal
     if is_causal:
@@ -130,7 +122,6 @@ def scaled_dot_product_attention(
             scores = scores.masked_fill(~attn_mask, float("-inf"))  # broadcasts to (..., L, S)
         else:
             scores = scores + attn_mask
-
     # Without a mask no row can be all -inf, so torch's fused softmax (which also subtracts the
     # row max) is the whole story; with a mask we need the version that is safe for empty rows.
     weights = softmax(scores, dim=-1) if masked else torch.softmax(scores, dim=-1)  # (..., L, S)

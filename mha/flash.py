@@ -32,6 +32,7 @@ from typing import Literal, overload
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from . import validation as validate
 from .attention import check_arguments
@@ -223,38 +224,36 @@ def flash_attention(
             "flash_attention does not compute a gradient for attn_mask; pass attn_mask.detach() "
             f"(attn_mask {tuple(attn_mask.shape)} requires grad)"
         )
-    options = (attn_mask, is_causal, scale, block_size, groups)
+    args = (query, key, value, attn_mask, is_causal)
     if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
-        out, lse = _FlashAttention.apply(query, key, value, *options)
+        out, lse = _FlashAttention.apply(*args, scale, block_size, groups)
     else:
-        out, lse = flash_attention_forward(query, key, value, *options[:2], **_kw(options))
+        out, lse = flash_attention_forward(*args, scale=scale, block_size=block_size, groups=groups)
     return (out, lse) if return_lse else out
-
-
-def _kw(options: tuple) -> dict:
-    """The keyword arguments of the forward and backward passes, from ``options``."""
-    return {"scale": options[2], "block_size": options[3], "groups": options[4]}
 
 
 class _FlashAttention(torch.autograd.Function):
     """Saves query, key, value, out and lse (no ``(L, S)`` tensor); recomputes tiles backward."""
 
     @staticmethod
-    def forward(ctx, query, key, value, *options):  # type: ignore[override]
-        out, lse = flash_attention_forward(query, key, value, *options[:2], **_kw(options))
-        ctx.save_for_backward(query, key, value, out, lse)
-        ctx.options = options  # the mask is an input: keeping it costs no memory
+    def forward(ctx, query, key, value, attn_mask, is_causal, scale, block_size, groups):  # type: ignore[override]
+        options = {"scale": scale, "block_size": block_size, "groups": groups}
+        out, lse = flash_attention_forward(query, key, value, attn_mask, is_causal, **options)
+        # The mask is an input (saving it costs no memory); saved, an in-place change to it
+        # between the passes is an error instead of a silently different backward pass.
+        ctx.save_for_backward(query, key, value, out, lse, attn_mask)
+        ctx.is_causal, ctx.options = is_causal, options
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
+    @once_differentiable  # the backward is not itself differentiable: say so, do not guess
     def backward(ctx, grad_out, _grad_lse):  # type: ignore[override]
-        query, key, value, out, lse = ctx.saved_tensors
-        options = ctx.options
-        grads = flash_attention_backward(
-            grad_out, query, key, value, out, lse, *options[:2], **_kw(options)
+        query, key, value, out, lse, attn_mask = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward(
+            grad_out, query, key, value, out, lse, attn_mask, ctx.is_causal, **ctx.options
         )
-        return (*grads, *(None for _ in options))
+        return dq, dk, dv, None, None, None, None, None
 
 
 def _tile_scores(

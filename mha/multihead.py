@@ -84,6 +84,12 @@ class MultiHeadAttention(nn.Module):
 
     Shapes:
         query ``(B, L, E)``, key ``(B, S, kdim)``, value ``(B, S, vdim)`` → out ``(B, L, E)``.
+
+    ``forward``'s ``attn_mask`` is a bool keep-mask (``True`` = may attend) or a float mask added
+    to the scores, broadcasting to ``(B, H, L, S)``; with a cache ``S`` counts the cached keys too.
+    ``is_causal`` is aligned top-left without a cache (as in PyTorch) and bottom-right with one:
+    each new query sees the whole cache and the new tokens up to itself. Only the math path
+    produces weights, so the other backends use it when ``need_weights`` is set.
     """
 
     def __init__(
@@ -140,7 +146,11 @@ class MultiHeadAttention(nn.Module):
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}{kv}, backend={self.backend!r}"
         )
 
-    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+    def _check_inputs(
+        self, query: Tensor, key: Tensor, value: Tensor, *, is_causal: bool, need_weights: bool
+    ) -> None:
+        validate.flag("is_causal", is_causal)
+        validate.flag("need_weights", need_weights)
         for name, t, width in (
             ("query", query, self.embed_dim),
             ("key", key, self.kdim),
@@ -180,35 +190,44 @@ class MultiHeadAttention(nn.Module):
         """Attend from ``query`` to ``key``/``value`` (self-attention when they are omitted).
 
         Args:
-            query: the sequence that asks.
-            key: the sequence that is looked at; defaults to ``query``.
-            value: what is read from it; defaults to ``key``.
-            attn_mask: bool keep-mask (``True`` = may attend) or float mask added to the scores,
-                broadcasting to ``(B, H, L, S)``; with a cache ``S`` counts the cached keys too.
-            is_causal: hide future keys. Aligned top-left without a cache (as in PyTorch) and
-                bottom-right with one: each new query sees the whole cache and the new tokens up
-                to itself.
-            need_weights: also return the per-head attention weights. Only the math path can
-                produce them, so the other backends use it for such calls.
-            kv_cache: a :class:`KVCache` to append this call's keys and values to and attend over.
+            query, key, value: the sequences; ``key`` defaults to ``query``, ``value`` to ``key``.
+            attn_mask, is_causal: a mask, future keys hidden (both: see the class docstring).
+            need_weights: also return the per-head weights (computed on the math path).
+            kv_cache: a :class:`KVCache` to append this call's keys and values to.
 
         Shapes:
-            query ``(B, L, E)``, key ``(B, S, kdim)``, value ``(B, S, vdim)``; returns
-            ``out (B, L, E)`` and ``weights (B, H, L, S)`` or ``None``.
+            query ``(B, L, E)``, key/value ``(B, S, kdim/vdim)`` → ``(B, L, E)``, ``(B, H, L, S)``.
         """
         key = query if key is None else key
         value = key if value is None else value
-        self._check_inputs(query, key, value)
-        validate.flag("is_causal", is_causal)
-        validate.flag("need_weights", need_weights)
+        self._check_inputs(query, key, value, is_causal=is_causal, need_weights=need_weights)
         q, k, v = self._project(query, key, value)  # (B, H, L, D), (B, Hkv, S, D), (B, Hkv, S, D)
         if kv_cache is not None:
-            k, v = kv_cache.update(k, v)  # (B, Hkv, S_cached + S, D)
-            if is_causal:  # bottom-right: the L new queries are the last L of the S positions
-                keep = causal_mask_bottom_right(q.shape[-2], k.shape[-2], device=q.device)  # (L, S)
-                attn_mask, is_causal = self._and_mask(attn_mask, keep, q, k), False
+            k, v, attn_mask, is_causal = self._use_cache(kv_cache, q, k, v, attn_mask, is_causal)
         out, weights = self._attend(q, k, v, attn_mask, is_causal, need_weights)  # (B, H, L, D)
         return self._merge(out), weights
+
+    def _use_cache(
+        self,
+        kv_cache: KVCache,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        attn_mask: Tensor | None,
+        is_causal: bool,
+    ) -> tuple[Tensor, Tensor, Tensor | None, bool]:
+        """Append ``k``, ``v`` to the cache and attend over all of it; ``is_causal`` becomes a
+        bottom-right mask (the ``L`` new queries are the last ``L`` of the ``S`` positions).
+
+        Shapes:
+            q ``(B, H, L, D)``, k and v ``(B, Hkv, S_new, D)``; returns k and v
+            ``(B, Hkv, S, D)`` with ``S = S_cached + S_new``, and the mask and flag to use.
+        """
+        k, v = kv_cache.update(k, v)  # (B, Hkv, S_cached + S_new, D)
+        if is_causal:
+            keep = causal_mask_bottom_right(q.shape[-2], k.shape[-2], device=q.device)  # (L, S)
+            attn_mask, is_causal = self._and_mask(attn_mask, keep, q, k), False
+        return k, v, attn_mask, is_causal
 
     def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Project the inputs and split the heads.

@@ -8,24 +8,42 @@ Tensors are accepted directly (detached and moved to the CPU here).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from matplotlib.axes import Axes
-from matplotlib.colors import ListedColormap
-from matplotlib.patches import Patch
-from matplotlib.ticker import NullLocator
+from matplotlib.colors import ListedColormap, to_rgb
+from matplotlib.figure import Figure
+from matplotlib.image import AxesImage
+from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
+from matplotlib.ticker import MaxNLocator, NullLocator
 
 from . import validation as validate
 from .fit import loglog_fit
+from .multihead import MultiHeadAttention
 
 __all__ = [
     "attention_heads",
     "attention_heatmap",
+    "grouped_bars",
+    "heatmap_grid",
+    "kv_head_sharing",
+    "layer_diagram",
     "loglog_curves",
     "mask_heatmap",
+    "mask_panels",
+    "mask_tiles",
+    "outline_cell",
+    "quantile_band",
+    "ratio_curves",
+    "record_shapes",
+    "skippable_tiles",
+    "split_slots",
+    "text_color_on",
     "tile_grid",
 ]
 
@@ -92,13 +110,25 @@ def _set_ticks(ax: Axes, query_labels: list[str] | None, key_labels: list[str] |
         ax.set_yticks(range(len(query_labels)), query_labels)
 
 
-def _annotate(ax: Axes, values: np.ndarray, fmt: str, high: float) -> None:
-    """Write each value in its cell, in white on dark cells and black on light ones."""
+def text_color_on(rgb: Sequence[float] | np.ndarray) -> str:
+    """``"black"`` or ``"white"``, whichever contrasts more with the colour ``rgb`` (0..1).
+
+    Uses the WCAG relative luminance of the colour: black text on a colour of luminance ``Y``
+    has contrast ``(Y + 0.05) / 0.05``, white text ``1.05 / (Y + 0.05)``.
+    """
+    c = np.asarray(rgb, dtype=float)[:3]
+    lin = np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+    y = 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+    return "black" if (y + 0.05) / 0.05 >= 1.05 / (y + 0.05) else "white"
+
+
+def _annotate(ax: Axes, values: np.ndarray, fmt: str, image: AxesImage) -> None:
+    """Write each value in its cell, in black or white, whichever reads better on the cell."""
     for i in range(values.shape[0]):
         for j in range(values.shape[1]):
             v = values[i, j]
-            color = "white" if v < high else "black"
-            ax.text(j, i, format(v, fmt), ha="center", va="center", color=color, fontsize=8)
+            color = text_color_on(image.cmap(image.norm(v)))
+            ax.text(j, i, format(v, fmt), ha="center", va="center", color=color, fontsize=9)
 
 
 def _cell_lines(ax: Axes, rows: int, cols: int, linewidth: float) -> None:
@@ -170,8 +200,7 @@ def attention_heatmap(
     if title is not None:
         ax.set_title(title)
     if annotate:
-        lo, hi = im.get_clim()
-        _annotate(ax, w, fmt, lo + 0.6 * (hi - lo))
+        _annotate(ax, w, fmt, im)
     if colorbar:
         ax.figure.colorbar(im, ax=ax)
     return ax
@@ -288,6 +317,107 @@ def _outer_labels_only(ax: Axes, h: int, H: int, ncols: int) -> None:
         ax.tick_params(labelleft=False)
     if h + ncols < H:  # a panel below it holds a head too
         ax.set_xlabel("")
+
+
+def _panel_grid(
+    n: int,
+    ncols: int,
+    width: float,
+    height: float,
+    *,
+    width_extra: float = 0.0,
+    height_extra: float = 0.0,
+) -> tuple[Figure, np.ndarray]:
+    """A figure of ``n`` panels, ``ncols`` (at most ``n``) per row; unused cells hidden."""
+    ncols = min(validate.positive_int("ncols", ncols), n)
+    nrows = -(-n // ncols)
+    figsize = (width * ncols + width_extra, height * nrows + height_extra)
+    fig, grid = plt.subplots(nrows, ncols, figsize=figsize, squeeze=False, layout="constrained")
+    flat = grid.ravel()
+    for extra in flat[n:]:
+        extra.set_visible(False)
+    return fig, flat[:n]
+
+
+def heatmap_grid(
+    matrices: Mapping[str, torch.Tensor | np.ndarray],
+    *,
+    query_labels: Sequence[str] | Sequence[Sequence[str]] | None = None,
+    key_labels: Sequence[str] | Sequence[Sequence[str]] | None = None,
+    ncols: int = 2,
+    panel_size: tuple[float, float] = (3.6, 2.8),
+    fmt: str = ".2f",
+    vmin: float = 0.0,
+    vmax: float = 1.0,
+    title: str | None = None,
+) -> np.ndarray:
+    """Draw named matrices as annotated heatmaps, ``ncols`` per row, on one color scale.
+
+    For side-by-side comparisons ("the post's weights" vs. "attention's weights"): every panel
+    is an :func:`attention_heatmap` with its values written in the cells and no colorbar. Two
+    columns keep the panels readable on a phone.
+
+    Args:
+        matrices: panel title -> matrix; the panels may differ in shape.
+        query_labels, key_labels: one list of labels for every panel, or one list per panel.
+        ncols: columns of the grid (at most the number of matrices).
+        panel_size: ``(width, height)`` of one panel in inches.
+        fmt: format of the annotations.
+        vmin, vmax: the shared color range.
+        title: figure title.
+
+    Shapes:
+        each matrix ``(L_i, S_i)``.
+
+    Returns:
+        A 1-D NumPy array of the Axes, one per matrix, in order (unused grid cells are hidden).
+    """
+    if not isinstance(matrices, Mapping) or not matrices:
+        raise TypeError(
+            f"matrices must be a non-empty mapping of title -> matrix, got {type(matrices).__name__}"
+        )
+    n = len(matrices)
+    rows = _labels_per_panel("query_labels", query_labels, n)
+    cols = _labels_per_panel("key_labels", key_labels, n)
+    width, height = panel_size
+    fig, flat = _panel_grid(n, ncols, width, height, height_extra=0.4 if title else 0.0)
+    style: dict[str, Any] = {"annotate": True, "fmt": fmt, "colorbar": False}
+    for ax, (name, m), q, k in zip(flat, matrices.items(), rows, cols):
+        attention_heatmap(
+            m, query_labels=q, key_labels=k, ax=ax, title=name, vmin=vmin, vmax=vmax, **style
+        )
+    if title is not None:
+        fig.suptitle(title)
+    return flat
+
+
+def _labels_per_panel(
+    name: str, labels: Sequence[str] | Sequence[Sequence[str]] | None, n: int
+) -> list[Sequence[str] | None]:
+    """One label list (or ``None``) per panel, from a shared list or a list of lists."""
+    if labels is None:
+        return [None] * n
+    if isinstance(labels, str):
+        raise TypeError(f"{name} must be a sequence of labels, got the string {labels!r}")
+    if all(isinstance(x, str) for x in labels):
+        return [list(labels)] * n  # type: ignore[arg-type]
+    if len(labels) != n:
+        raise ValueError(f"{name} has {len(labels)} label lists but there are {n} matrices")
+    return list(labels)  # type: ignore[arg-type]
+
+
+def outline_cell(ax: Axes, row: int, col: int, *, color: str = "#e15759") -> Axes:
+    """Draw a thick frame around one cell of a heatmap, e.g. the pair a claim is about.
+
+    Returns:
+        The ``Axes``, with one more (unfilled) rectangle patch.
+    """
+    for arg, value in (("row", row), ("col", col)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ValueError(f"{arg} must be a non-negative integer, got {value!r}")
+    frame = Rectangle((col - 0.5, row - 0.5), 1, 1, fill=False, edgecolor=color, linewidth=2.5)
+    ax.add_patch(frame)
+    return ax
 
 
 def mask_heatmap(
@@ -563,3 +693,592 @@ def _write_in_tiles(ax: Axes, text: np.ndarray) -> None:
     for i, j in np.ndindex(text.shape):
         if text[i, j] not in (None, ""):
             ax.text(j, i, str(text[i, j]), ha="center", va="center", fontsize=8)
+
+
+def grouped_bars(
+    categories: Sequence[str],
+    groups: Mapping[str, Sequence[float | None]],
+    *,
+    ax: Axes | None = None,
+    ylabel: str = "",
+    title: str | None = None,
+) -> Axes:
+    """Bars grouped by category, one bar per group in each (e.g. seconds per chapter per machine).
+
+    Args:
+        categories: the labels along the x axis (e.g. chapters).
+        groups: group name -> one value per category (``None`` leaves that bar out); one colour
+            and one legend entry per group.
+        ax: where to draw; a new figure is made if ``None``.
+        ylabel, title: axis label and title.
+
+    Returns:
+        The ``Axes``: one bar container per group, x ticks labelled with ``categories``.
+    """
+    cats = _check_labels("categories", categories, len(categories), "categories") or []
+    if not isinstance(groups, Mapping) or not groups:
+        raise TypeError(
+            f"groups must be a non-empty mapping of name -> values, got {type(groups).__name__}"
+        )
+    for name, values in groups.items():
+        if len(values) != len(cats):
+            raise ValueError(
+                f"groups[{name!r}] has {len(values)} values but there are {len(cats)} categories"
+            )
+    ax = _new_ax(ax)
+    width = 0.8 / len(groups)
+    for i, (name, values) in enumerate(groups.items()):
+        shift = (i - (len(groups) - 1) / 2) * width  # centre the group on its category
+        xs = [j + shift for j, v in enumerate(values) if v is not None]
+        ax.bar(xs, [float(v) for v in values if v is not None], width=width, label=name)
+    ax.set_xticks(range(len(cats)), cats, rotation=45 if max(map(len, cats), default=0) > 4 else 0)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=9)
+    if title is not None:
+        ax.set_title(title)
+    return ax
+
+
+def ratio_curves(
+    x: Sequence[float],
+    ys: Mapping[str, Sequence[float | None]],
+    *,
+    target: float | None = None,
+    ax: Axes | None = None,
+    xlabel: str = "sequence length",
+    ylabel: str = "ratio",
+    title: str | None = None,
+) -> Axes:
+    """Ratios against a size on a log x axis, with an optional dashed target line.
+
+    Args:
+        x: the sizes, shared by every curve.
+        ys: curve name -> one ratio per size (``None`` for a size a curve skipped).
+        target: draw a dashed horizontal line at this ratio, labelled ``target``.
+        ax: where to draw; a new figure is made if ``None``.
+        xlabel, ylabel, title: axis labels and title.
+
+    Returns:
+        The ``Axes``: one line per curve, plus the target line when ``target`` is given.
+    """
+    xs = [float(v) for v in _to_numpy("x", x).ravel()]
+    if not isinstance(ys, Mapping) or not ys:
+        raise TypeError(
+            f"ys must be a non-empty mapping of name -> values, got {type(ys).__name__}"
+        )
+    ax = _new_ax(ax)
+    for name, values in ys.items():
+        px, py = _curve_points(name, values, xs)
+        ax.plot(px, py, marker="o", label=name)
+    if target is not None:
+        ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target:g}")
+    ax.set_xscale("log")
+    _label_measured_sizes(ax, xs)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=9)
+    if title is not None:
+        ax.set_title(title)
+    return ax
+
+
+# Colours of :func:`mask_heatmap`, shared by the mask figures below.
+_MASK_HIDDEN, _MASK_KEEP, _SKIP_HATCH = "#f0f0f0", "#3b6fb6", "#6e6e6e"
+
+
+def _mask_legend_handles(tiles: bool) -> list[Patch]:
+    handles = [
+        Patch(color=_MASK_KEEP, label="attend (True)"),
+        Patch(facecolor=_MASK_HIDDEN, edgecolor="#b0b0b0", label="masked (False)"),
+    ]
+    if tiles:
+        handles.append(
+            Patch(facecolor=_MASK_HIDDEN, edgecolor=_SKIP_HATCH, hatch="///", label="tile skipped")
+        )
+    return handles
+
+
+def skippable_tiles(mask: torch.Tensor | np.ndarray, block_size: int) -> np.ndarray:
+    """Which ``(block_size x block_size)`` tiles of a keep-mask hide every pair in them.
+
+    A tiled kernel (:func:`mha.flash_attention`) never needs to touch such a tile.
+
+    Shapes:
+        mask ``(L, S)``; returns a bool array ``(ceil(L / block_size), ceil(S / block_size))``.
+    """
+    m = _as_keep_mask(mask)
+    b = validate.positive_int("block_size", block_size)
+    L, S = m.shape
+    nq, nk = -(-L // b), -(-S // b)
+    padded = np.zeros((nq * b, nk * b), dtype=bool)
+    padded[:L, :S] = m
+    return np.asarray(~padded.reshape(nq, b, nk, b).any(axis=(1, 3)))
+
+
+def mask_tiles(
+    mask: torch.Tensor | np.ndarray,
+    block_size: int,
+    *,
+    ax: Axes | None = None,
+    title: str | None = None,
+    legend: bool = True,
+) -> Axes:
+    """Draw a (large) keep-mask with its tile grid; hatch the tiles a tiled kernel skips.
+
+    Unlike :func:`mask_heatmap` there are no lines between single positions, only between
+    tiles, so masks of hundreds of positions stay readable.
+
+    Args:
+        mask: bool keep-mask (``True`` = may attend); leading size-1 dims are dropped.
+        block_size: tile size in positions (rows and columns).
+        ax: where to draw; a new figure is made if ``None``.
+        title: axes title.
+        legend: add a legend to the right of the axes.
+
+    Shapes:
+        mask ``(L, S)``.
+
+    Returns:
+        The ``Axes``: one image, one hatched rectangle per skippable tile (see
+        :func:`skippable_tiles`), grid lines at the tile borders.
+    """
+    skip = skippable_tiles(mask, block_size)  # checks the arguments before drawing
+    m = _as_keep_mask(mask)
+    L, S = m.shape
+    ax = _new_ax(ax)
+    cmap = ListedColormap([_MASK_HIDDEN, _MASK_KEEP])
+    ax.imshow(m.astype(float), cmap=cmap, vmin=0, vmax=1, aspect="auto", interpolation="nearest")
+    for i, j in zip(*np.nonzero(skip)):
+        corner = (j * block_size - 0.5, i * block_size - 0.5)
+        ax.add_patch(
+            Rectangle(
+                corner,
+                block_size,
+                block_size,
+                fill=False,
+                hatch="///",
+                edgecolor=_SKIP_HATCH,
+                linewidth=0,
+            )
+        )
+    for edge in range(block_size, S, block_size):
+        ax.axvline(edge - 0.5, color="#9a9a9a", linewidth=0.6)
+    for edge in range(block_size, L, block_size):
+        ax.axhline(edge - 0.5, color="#9a9a9a", linewidth=0.6)
+    ax.set_xlim(-0.5, S - 0.5)
+    ax.set_ylim(L - 0.5, -0.5)
+    ax.set_xlabel("key")
+    ax.set_ylabel("query")
+    if legend:
+        _side_legend(ax, _mask_legend_handles(tiles=True))
+    if title is not None:
+        ax.set_title(title)
+    return ax
+
+
+def mask_panels(
+    masks: Mapping[str, torch.Tensor | np.ndarray],
+    *,
+    ncols: int = 2,
+    panel_size: float = 3.0,
+    panel_height: float | None = None,
+    block_size: int | None = None,
+    title: str | None = None,
+) -> np.ndarray:
+    """Draw named keep-masks in a grid of at most ``ncols`` columns, with one legend below.
+
+    Two columns keep every panel readable on a phone. Each panel is drawn by
+    :func:`mask_heatmap` (with integer ticks) or, with ``block_size``, by :func:`mask_tiles`.
+
+    Args:
+        masks: panel title -> bool keep-mask.
+        ncols: columns of the grid (at most the number of masks).
+        panel_size: width of a panel in inches (and its height unless ``panel_height``).
+        panel_height: height of a panel in inches.
+        block_size: draw tile grids and hatch skippable tiles, with tiles of this size.
+        title: figure title.
+
+    Returns:
+        A 1-D NumPy array of the Axes, one per mask, in order (unused grid cells are hidden).
+    """
+    if not isinstance(masks, Mapping) or not masks:
+        raise TypeError(
+            f"masks must be a non-empty mapping of title -> mask, got {type(masks).__name__}"
+        )
+    for m in masks.values():  # every check comes before drawing
+        if block_size is None:
+            _as_keep_mask(m)
+        else:
+            skippable_tiles(m, block_size)
+    height = panel_size if panel_height is None else panel_height
+    fig, flat = _panel_grid(
+        len(masks), ncols, panel_size, height, width_extra=0.4, height_extra=0.6
+    )
+    for ax, (name, m) in zip(flat, masks.items()):
+        if block_size is None:
+            mask_heatmap(m, ax=ax, title=name)
+            ax.get_legend().remove()
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # positions are integers
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        else:
+            mask_tiles(m, block_size, ax=ax, title=name, legend=False)
+    fig.legend(
+        handles=_mask_legend_handles(tiles=block_size is not None),
+        loc="outside lower center",
+        ncols=3,
+        frameon=False,
+    )
+    if title is not None:
+        fig.suptitle(title)
+    return flat
+
+
+def quantile_band(
+    x: Sequence[float],
+    samples: torch.Tensor | np.ndarray,
+    *,
+    ax: Axes | None = None,
+    label: str | None = None,
+    marker: str = "o-",
+    band: tuple[float, float] = (0.25, 0.75),
+) -> Axes:
+    """The median of many samples per size as a line, with a shaded band between two quantiles.
+
+    For measurements that scatter (a gradient norm per random input, say): the line shows the
+    typical value, the band how far the bulk of the samples spreads around it. Both axes are
+    logarithmic, with the measured sizes as x tick labels.
+
+    Args:
+        x: the sizes, one per row of ``samples``.
+        samples: ``(len(x), N)`` values, ``N`` samples per size; the band's lower quantile must
+            be positive (a few zeros below it are fine).
+        ax: where to draw; a new figure is made if ``None``.
+        label: the legend label of the line (the band is unlabelled).
+        marker: a matplotlib format string for the median line.
+        band: the lower and upper quantile of the band, ``0 <= low < high <= 1``.
+
+    Returns:
+        The ``Axes``, with one more line (the median) and one more filled band.
+    """
+    xs = [float(v) for v in _to_numpy("x", x).ravel()]
+    values = _to_numpy("samples", samples).astype(float)
+    if values.ndim != 2 or values.shape[0] != len(xs):
+        raise ValueError(
+            f"samples must have shape (len(x), N) = ({len(xs)}, N), got {tuple(values.shape)}"
+        )
+    low, high = band
+    if not 0.0 <= low < high <= 1.0:
+        raise ValueError(f"band must satisfy 0 <= low < high <= 1, got {band!r}")
+    lo, mid, hi = np.quantile(values, [low, 0.5, high], axis=1)
+    if not (lo > 0).all():  # a few zero samples are fine; a band reaching 0 has no log
+        raise ValueError(
+            f"the {low} quantile of samples must be positive at every size (log axes), got {lo}"
+        )
+    ax = _new_ax(ax)
+    (line,) = ax.plot(xs, mid, marker, label=label)
+    ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    _label_measured_sizes(ax, xs)
+    return ax
+
+
+# ------------------------------------------------------------------ the layer, drawn (chapter 3)
+
+
+@contextmanager
+def _recording(layer: MultiHeadAttention, shapes: dict) -> Iterator[None]:
+    """While active, ``layer``'s steps write the shapes they return into ``shapes``."""
+    project, attend = layer._project, layer._attend
+
+    def recording_project(*args: Any, **kwargs: Any) -> tuple:
+        q, k, v = project(*args, **kwargs)
+        shapes.update(q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape))
+        return q, k, v
+
+    def recording_attend(*args: Any, **kwargs: Any) -> tuple:
+        out, weights = attend(*args, **kwargs)
+        shapes["heads"] = tuple(out.shape)
+        shapes["weights"] = None if weights is None else tuple(weights.shape)
+        return out, weights
+
+    def recording_out_proj(module: object, inputs: tuple, output: torch.Tensor) -> None:
+        shapes.update(concat=tuple(inputs[0].shape), out=tuple(output.shape))
+
+    hook = layer.out_proj.register_forward_hook(recording_out_proj)
+    # On this instance only, for this call (the class's methods are back after it):
+    layer._project = recording_project  # type: ignore[method-assign]
+    layer._attend = recording_attend  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        hook.remove()
+        del layer._project, layer._attend
+
+
+def record_shapes(
+    layer: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor | None = None,
+    value: torch.Tensor | None = None,
+) -> dict[str, tuple[int, ...] | None]:
+    """Run one forward pass of an ``mha.MultiHeadAttention`` and record the shape of every step.
+
+    The layer's own steps are observed while it runs: what ``_project`` returns (the heads
+    after the split), what ``_attend`` returns (per-head outputs and weights) and what
+    ``out_proj`` receives (the concatenation) and returns. The projections' weights are read
+    from the layer, and what each projection outputs is ``(B, length, out_features)``.
+
+    Args:
+        layer: an ``mha.MultiHeadAttention``.
+        query, key, value: its inputs, as for ``layer(query, key, value)``; ``key`` and
+            ``value`` ``None`` for self-attention (recorded as ``None``).
+
+    Returns:
+        A dict of shapes: ``query``, ``key``, ``value`` (inputs), ``q_proj``, ``k_proj``,
+        ``v_proj``, ``out_proj`` (weights, ``(out, in)``), ``q_projected``, ``k_projected``,
+        ``v_projected``, ``q``, ``k``, ``v`` (after the split), ``weights``, ``heads``,
+        ``concat`` and ``out``.
+    """
+    if not isinstance(layer, MultiHeadAttention):
+        raise TypeError(f"layer must be an mha.MultiHeadAttention, got {type(layer).__name__}")
+    shapes: dict[str, tuple[int, ...] | None] = {
+        "query": tuple(query.shape),
+        "key": None if key is None else tuple(key.shape),
+        "value": None if value is None else tuple(value.shape),
+    }
+    with _recording(layer, shapes), torch.no_grad():
+        layer(query, key, value, need_weights=True)
+    k_in = query if key is None else key
+    v_in = k_in if value is None else value
+    for name, x in (("q", query), ("k", k_in), ("v", v_in)):
+        proj = getattr(layer, f"{name}_proj")
+        shapes[f"{name}_proj"] = tuple(proj.weight.shape)
+        shapes[f"{name}_projected"] = (*x.shape[:-1], proj.out_features)
+    shapes["out_proj"] = tuple(layer.out_proj.weight.shape)
+    return shapes
+
+
+_STEPS_FACE = {"input": "#e8eef7", "linear": "#fbe3c8", "reshape": "#e4e4e4", "head": "#d8efe0"}
+
+
+def _box(ax: Axes, x: float, y: float, w: float, h: float, text: str, kind: str) -> None:
+    """A rounded box centred at ``(x, y)`` with ``text`` in it (black: every face is light)."""
+    face = _STEPS_FACE[kind]
+    ax.add_patch(
+        FancyBboxPatch(
+            (x - w / 2, y - h / 2),
+            w,
+            h,
+            boxstyle="round,pad=0.02,rounding_size=0.12",
+            facecolor=face,
+            edgecolor="#555555",
+            linewidth=1.0,
+        )
+    )
+    ax.text(x, y, text, ha="center", va="center", fontsize=10, color=text_color_on(to_rgb(face)))
+
+
+def _arrow(ax: Axes, x0: float, y0: float, x1: float, y1: float, label: str = "") -> None:
+    """An arrow from ``(x0, y0)`` down to ``(x1, y1)`` with a shape written beside it."""
+    ax.annotate(
+        "",
+        xy=(x1, y1),
+        xytext=(x0, y0),
+        arrowprops={"arrowstyle": "-|>", "color": "#333333", "linewidth": 1.2},
+    )
+    if label:
+        ax.text((x0 + x1) / 2 + 0.12, (y0 + y1) / 2, label, ha="left", va="center", fontsize=9.5)
+
+
+def _recorded(shapes: Mapping[str, tuple[int, ...] | None], name: str) -> tuple[int, ...]:
+    shape = shapes.get(name)
+    if shape is None:
+        raise ValueError(f"shapes must come from record_shapes; {name!r} is missing")
+    return shape
+
+
+def _shape(shape: tuple[int, ...] | None) -> str:
+    return str(shape).replace(",)", ")")
+
+
+def _draw_inputs_and_projections(ax: Axes, shapes: Mapping[str, Any]) -> None:
+    """Steps 1 and 2 of :func:`layer_diagram`: the inputs and the q/k/v projections."""
+    cross = shapes["key"] is not None
+    # 1. inputs
+    if cross:
+        names = (("query", "(B, L, E)"), ("key", "(B, S, kdim)"), ("value", "(B, S, vdim)"))
+        for x, (name, letters) in zip((1.9, 5.0, 8.1), names):
+            _box(ax, x, 12.0, 2.8, 0.9, f"{name}\n{letters} = {_shape(shapes[name])}", "input")
+    else:
+        text = f"input x  (query = key = value)\n(B, L, E) = {_shape(shapes['query'])}"
+        _box(ax, 5.0, 12.0, 6.2, 0.9, text, "input")
+    # 2. projections, one per input
+    for x, name in zip((1.9, 5.0, 8.1), "qkv"):
+        _arrow(ax, x if cross else 5.0, 11.55, x, 10.65)
+        weight = _shape(shapes[f"{name}_proj"])
+        _box(ax, x, 10.2, 2.8, 0.9, f"{name}_proj\nweight {weight}", "linear")
+        _arrow(ax, x, 9.75, x, 8.85, _shape(shapes[f"{name}_projected"]))
+
+
+def layer_diagram(
+    shapes: Mapping[str, tuple[int, ...] | None], *, ax: Axes | None = None, max_heads: int = 4
+) -> Axes:
+    """Draw the multi-head attention layer as boxes and arrows, with the recorded shapes.
+
+    Top to bottom: the input, the three projections, the split into heads, one box per head
+    (scores, softmax, weighted sum), the concatenation and the output projection ``W_O``.
+    Every shape written on the picture comes from ``shapes``.
+
+    Args:
+        shapes: the dict returned by :func:`record_shapes`.
+        ax: where to draw; a new figure (6.4 x 8 inches) is made if ``None``.
+        max_heads: draw at most this many head boxes (the first ones, "..." and the last).
+
+    Returns:
+        The ``Axes``, with its axis lines hidden.
+    """
+    needed = ("query", "q_proj", "q_projected", "q", "k", "v", "weights", "heads", "concat")
+    missing = [k for k in (*needed, "out", "out_proj") if shapes.get(k) is None]
+    if not isinstance(shapes, Mapping) or missing:
+        raise ValueError(f"shapes must come from record_shapes; missing {missing}")
+    max_heads = validate.positive_int("max_heads", max_heads)
+    if max_heads < 2:
+        raise ValueError(f"max_heads must be at least 2, got {max_heads}")
+    B, H, L, D = _recorded(shapes, "q")
+    S = _recorded(shapes, "k")[2]
+    ax = _new_ax(ax, figsize=(6.4, 8.0))
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 12.6)
+    ax.set_axis_off()
+    _draw_inputs_and_projections(ax, shapes)
+    # 3. the split
+    split = (
+        "split into heads: .view(B, L, H, D).transpose(1, 2)\n"
+        f"q {_shape(shapes['q'])}   k {_shape(shapes['k'])}   v {_shape(shapes['v'])}"
+    )
+    _box(ax, 5.0, 8.3, 9.4, 1.0, split, "reshape")
+    # 4. one box per head
+    shown = list(range(H)) if H <= max_heads else [*range(max_heads - 2), -1, H - 1]
+    width = 9.4 / len(shown)
+    xs = [0.3 + width * (i + 0.5) for i in range(len(shown))]
+    for x, h in zip(xs, shown):
+        _arrow(ax, x, 7.8, x, 7.0)
+        if h < 0:
+            ax.text(x, 6.2, "...", ha="center", va="center", fontsize=14)
+            continue
+        text = f"head {h}\nsoftmax(qkᵀ/√{D})\nweights ({L}, {S})\n· v → ({L}, {D})"
+        _box(ax, x, 6.2, width - 0.25, 1.6, text, "head")
+        _arrow(ax, x, 5.4, x, 4.6)
+    # 5. concat and W_O
+    concat = f"concat heads: .transpose(1, 2).reshape(B, L, E)\n{_shape(shapes['heads'])} → "
+    concat += _shape(shapes["concat"])
+    _box(ax, 5.0, 4.1, 9.4, 1.0, concat, "reshape")
+    _arrow(ax, 5.0, 3.6, 5.0, 2.7, _shape(shapes["concat"]))
+    _box(ax, 5.0, 2.2, 6.2, 0.9, f"out_proj = W_O\nweight {_shape(shapes['out_proj'])}", "linear")
+    _arrow(ax, 5.0, 1.75, 5.0, 0.85)
+    _box(ax, 5.0, 0.45, 6.2, 0.8, f"output (B, L, E) = {_shape(shapes['out'])}", "input")
+    return ax
+
+
+def split_slots(
+    block: torch.Tensor | np.ndarray,
+    *,
+    embed_dim: int,
+    token_names: Sequence[str],
+    ax: Axes | None = None,
+    title: str | None = None,
+) -> Axes:
+    """Draw which token and feature fills each slot of one head's ``(L, D)`` block.
+
+    Args:
+        block: integer ids, ``i * embed_dim + f`` for feature ``f`` of token ``i``, as they land
+            in one head after a split (e.g. ``torch.arange(L * E).view(1, L, E)`` split).
+        embed_dim: ``E``, to decode the ids.
+        token_names: one name per token; each token gets its own (light) colour.
+        ax: where to draw; a new figure is made if ``None``.
+        title: axes title.
+
+    Shapes:
+        block ``(L, D)``.
+
+    Returns:
+        The ``Axes``: one labelled rectangle per slot, rows = positions, columns = features.
+    """
+    ids = _to_numpy("block", block)
+    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"block must be a 2-D integer array (L, D), got {ids.dtype} {ids.shape}")
+    E = validate.positive_int("embed_dim", embed_dim)
+    if isinstance(token_names, str):
+        raise TypeError(f"token_names must be a sequence of names, got the string {token_names!r}")
+    names = [str(t) for t in token_names]
+    if int(ids.min()) < 0 or int(ids.max()) // E >= len(names):
+        raise ValueError(
+            f"block holds ids of tokens 0..{int(ids.max()) // E} but token_names has "
+            f"{len(names)} names"
+        )
+    L, D = ids.shape
+    colors = [plt.get_cmap("Pastel1")(i) for i in range(9)]
+    ax = _new_ax(ax)
+    for i in range(L):
+        for j in range(D):
+            token, feature = divmod(int(ids[i, j]), E)
+            face = colors[token % len(colors)]
+            ax.add_patch(Rectangle((j, i), 1, 1, facecolor=face, edgecolor="white", lw=2))
+            ax.text(
+                j + 0.5,
+                i + 0.5,
+                f"{names[token]}\nf{feature}",
+                ha="center",
+                va="center",
+                fontsize=9,
+                color=text_color_on(face),
+            )
+    ax.set_xlim(0, D)
+    ax.set_ylim(L, 0)
+    ax.set_xticks([0.5 + j for j in range(D)], [f"d{j}" for j in range(D)])
+    ax.set_yticks([0.5 + i for i in range(L)], [f"pos {i}" for i in range(L)])
+    if title is not None:
+        ax.set_title(title, fontsize=10)
+    return ax
+
+
+def kv_head_sharing(num_heads: int, layouts: Mapping[str, int], *, ax: Axes | None = None) -> Axes:
+    """Draw which key/value head each query head reads, for several ``num_kv_heads``.
+
+    One column per layout, one row per query head; each cell names the key/value head that
+    query head ``i`` reads, ``i // (num_heads // num_kv_heads)``, and is coloured by it.
+
+    Args:
+        num_heads: query heads ``H``.
+        layouts: column title -> ``num_kv_heads``, e.g. ``{"MHA": 8, "GQA": 2, "MQA": 1}``.
+        ax: where to draw; a new figure is made if ``None``.
+
+    Returns:
+        The ``Axes``: an ``(H, len(layouts))`` image with the key/value head in every cell.
+    """
+    H = validate.positive_int("num_heads", num_heads)
+    if not isinstance(layouts, Mapping) or not layouts:
+        raise TypeError(
+            f"layouts must be a non-empty mapping of title -> num_kv_heads, got {layouts!r}"
+        )
+    for name, hkv in layouts.items():
+        validate.positive_int(f"layouts[{name!r}]", hkv)
+        if H % hkv:
+            raise ValueError(f"num_heads ({H}) must be divisible by layouts[{name!r}] ({hkv})")
+    kv = np.array([[i // (H // hkv) for hkv in layouts.values()] for i in range(H)])
+    ax = _new_ax(ax, figsize=(4.2, 0.45 * H + 1.2))
+    image = ax.imshow(kv, cmap="viridis", vmin=0, vmax=max(H - 1, 1), aspect="auto")
+    for i in range(H):
+        for j in range(kv.shape[1]):
+            color = text_color_on(image.cmap(image.norm(kv[i, j])))
+            ax.text(j, i, f"kv {kv[i, j]}", ha="center", va="center", color=color, fontsize=9)
+    titles = [f"{name}\n{hkv} kv head{'s' if hkv > 1 else ''}" for name, hkv in layouts.items()]
+    ax.set_xticks(range(len(titles)), titles)
+    ax.xaxis.tick_top()
+    ax.set_yticks(range(H), [f"q head {i}" for i in range(H)])
+    _cell_lines(ax, H, len(titles), linewidth=2)
+    return ax

@@ -7,7 +7,9 @@ Any other request that leaves localhost is blocked.
 
 It also reads every page on a phone (390 x 844): the sidebar and the in-page contents open and
 their links work, nothing scrolls the page sideways, and axe-core (npm, node_modules/axe-core)
-finds no critical or serious accessibility violation, at phone and at desktop width.
+finds no critical or serious accessibility violation, at phone and at desktop width. Every
+figure has alt text and a caption, opens full size, is sharp on high-density screens, and keeps
+its proportions and a readable size on a phone.
 
 Locally a missing prerequisite skips the test; with the environment variable CI set it fails.
 Screenshots of every chapter land in _build/screenshots/ (phone-*.png at phone width).
@@ -88,6 +90,19 @@ IMAGES_JS = """async () => {
       new Promise(resolve => { img.onload = img.onerror = resolve; })));
   return imgs.map(img => ({src: img.getAttribute('src'), width: img.naturalWidth}));
 }"""
+
+# The figures of the notebook outputs, as drawn: alt text, caption, the link around the image
+# (Sphinx links a scaled image to its full-size file), display size and stored size.
+FIGURES_JS = """() => [...document.querySelectorAll('article .cell_output img')].map(img => {
+  const link = img.closest('a');
+  const caption = img.closest('figure')?.querySelector('figcaption .caption-text');
+  return {src: img.getAttribute('src'), alt: img.getAttribute('alt') || '',
+          href: link ? link.getAttribute('href') : null,
+          caption: caption ? caption.textContent.trim() : '',
+          styleWidth: parseFloat(img.style.width) || 0,
+          naturalWidth: img.naturalWidth, naturalHeight: img.naturalHeight,
+          shownWidth: img.clientWidth, shownHeight: img.clientHeight};
+})"""
 
 
 # sphinx-thebe 0.3.1 writes its inline config script twice into every page under Sphinx 7.4, so
@@ -261,8 +276,10 @@ def page_opener(browser, site: str, viewport: dict, **options):
             page.evaluate("() => MathJax.startup.promise.then(() => true)")
         return page, problems
 
-    yield open_
-    context.close()
+    try:
+        yield open_
+    finally:
+        context.close()
 
 
 def check_math(page, path: str, problems: dict) -> None:
@@ -358,6 +375,20 @@ def test_chapter_page(open_page, chapter):
         f"{path}: {len(images)} images for {facts['pngs']} PNG outputs"
     )
 
+    # Every figure says what it shows, has a caption, opens full size when tapped, and is
+    # stored at twice its display size (sharp on high-density screens).
+    for fig in page.evaluate(FIGURES_JS):
+        name = fig["src"].rsplit("/", 1)[-1][:12]
+        assert len(fig["alt"].split()) >= 6 and ".png" not in fig["alt"], (
+            f"{path}: figure {name}: alt text {fig['alt']!r} does not describe the figure"
+        )
+        assert fig["caption"], f"{path}: figure {name} has no caption"
+        assert fig["href"] == fig["src"], f"{path}: figure {name} does not open full size"
+        assert fig["styleWidth"] and fig["naturalWidth"] >= 1.9 * fig["styleWidth"], (
+            f"{path}: figure {name} is stored at {fig['naturalWidth']} px for a display width "
+            f"of {fig['styleWidth']} px: not sharp on a high-density screen"
+        )
+
     # The Colab launch button opens this very notebook on the configured branch.
     hrefs = set(
         page.eval_on_selector_all(
@@ -411,6 +442,21 @@ def test_phone_page(open_phone_page, path):
         + "\n".join(overflow["culprits"][:10])
     )
     check_wide_content(page, path)
+    # Figures keep their proportions when they shrink to the column, and shrink to no less than
+    # a third of their display size (a figure drawn wider than ~1000 px is unreadable there).
+    for fig in page.evaluate(FIGURES_JS):
+        name = fig["src"].rsplit("/", 1)[-1][:12]
+        drawn = fig["shownHeight"] / max(fig["shownWidth"], 1)
+        stored = fig["naturalHeight"] / max(fig["naturalWidth"], 1)
+        assert abs(drawn - stored) <= 0.02 * stored, (
+            f"{path}: figure {name} is squashed on a phone ({drawn:.2f} vs {stored:.2f})"
+        )
+        if fig["styleWidth"]:
+            scale = fig["shownWidth"] / fig["styleWidth"]
+            assert scale >= 0.33, (
+                f"{path}: figure {name} ({fig['styleWidth']:.0f} px wide) shrinks to "
+                f"{scale:.0%} on a phone; draw it narrower or split its panels"
+            )
     violations = axe_violations(page)
     assert not violations, f"{path}: accessibility violations on a phone (axe-core):\n" + (
         "\n".join(violations)
@@ -455,3 +501,22 @@ def test_phone_navigation(open_phone_page):
     second.click()
     page.wait_for_url(f"**/{target}.html{anchor}", timeout=5000)
     assert not problems["page_errors"], f"JavaScript errors: {problems['page_errors']}"
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_dark_mode_page(browser, site, path):
+    """The same axe-core check with the reader's system in dark mode (the theme follows it)."""
+    opener = page_opener(browser, site, DESKTOP, color_scheme="dark")
+    open_ = next(opener)
+    try:
+        page, problems = open_(path)
+        theme = page.evaluate("() => document.documentElement.dataset.theme")
+        assert theme == "dark", f"{path}: the page did not switch to dark mode ({theme!r})"
+        violations = axe_violations(page)
+        assert not violations, f"{path}: accessibility violations in dark mode (axe-core):\n" + (
+            "\n".join(violations)
+        )
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=SCREENSHOTS / f"dark-{Path(path).stem}.png")
+    finally:
+        opener.close()

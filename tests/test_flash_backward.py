@@ -158,3 +158,19 @@ def test_multihead_flash_backend_trains_like_math():
         results[backend] = [p.grad.clone() for p in layer.parameters()]
     for a, b in zip(results["flash"], results["math"], strict=True):
         assert_close(a, b)
+
+
+def test_second_derivatives_are_refused_not_wrong():
+    q, k, v = leaves(8, 8, H=1, Hkv=1, D=4, Dv=4, B=1)
+    (dq,) = torch.autograd.grad(mha.flash_attention(q, k, v).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
+        dq.sum().backward()
+
+
+def test_mask_changed_between_the_passes_is_an_error():
+    q, k, v = leaves(8, 8, H=1, Hkv=1, D=4, Dv=4, B=1)
+    mask = torch.ones(8, 8, dtype=torch.bool)
+    out = mha.flash_attention(q, k, v, mask)
+    mask[0, 0] = False
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()

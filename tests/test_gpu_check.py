@@ -38,3 +38,31 @@ def test_quick_run_on_one_chapter_writes_the_cpu_file(tmp_path, monkeypatch, cap
 
 def test_device_slug():
     assert gpu_check.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+
+
+def test_committed_results_hold_what_the_appendix_reads():
+    """chapters/09 renders every results/*.json: each needs these fields, and a consistent verdict."""
+    files = sorted((REPO / "results").glob("*.json"))
+    assert any(p.name == "cpu.json" for p in files), "results/cpu.json is missing"
+    for path in files:
+        result = json.loads(path.read_text(encoding="utf-8"))
+        assert set(result) >= {
+            "device",
+            "compute_capability",
+            "date",
+            "torch",
+            "triton",
+            "python",
+            "capabilities",
+            "chapters",
+            "report",
+            "triton_vs_sdpa_fp16",
+        }, path.name
+        assert set(result["capabilities"]) >= {"bfloat16", "tf32", "sdpa_flash"}, path.name
+        for check in result["report"]:
+            meets = (
+                check["value"] <= check["target"]
+                if check["at_most"]
+                else check["value"] >= check["target"]
+            )
+            assert check["passed"] == meets, (path.name, check["name"])

@@ -249,8 +249,20 @@ def test_outputs_show_no_paths_of_this_machine(notebook):
                 )
 
 
-def test_exercises_have_executed_auto_checked_solutions(notebook):
+def appendix_files(toc: dict) -> set[str]:
+    """Files of the _toc.yml part captioned "Appendix": reference pages, which have no exercises."""
+    parts = [p for p in toc.get("parts", []) if p.get("caption") == "Appendix"]
+    return set(toc_chapter_files({"parts": parts}))
+
+
+def skip_appendix(path: Path, toc: dict) -> None:
+    if f"chapters/{path.stem}" in appendix_files(toc):
+        pytest.skip(f"{path.name} is in the Appendix part of _toc.yml: no exercises")
+
+
+def test_exercises_have_executed_auto_checked_solutions(notebook, toc):
     path, nb = notebook
+    skip_appendix(path, toc)
     exercises: list[tuple[int, str | None]] = []
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "markdown":
@@ -313,9 +325,10 @@ def source_hidden(cell) -> bool:
     return cell.get("metadata", {}).get("jupyter", {}).get("source_hidden") is True
 
 
-def test_solutions_are_folded_in_colab_and_jupyterlab(notebook):
+def test_solutions_are_folded_in_colab_and_jupyterlab(notebook, toc):
     """The book folds a solution into a dropdown; Colab and JupyterLab must fold it too."""
     path, nb = notebook
+    skip_appendix(path, toc)
     ranges = solution_ranges(nb)
     assert ranges, f"{path.name}: no solutions found"
     inside = set()
@@ -369,3 +382,30 @@ def test_exercises_read_as_text_in_a_notebook(notebook):
                 f"{path.name}, cell {i}: {match.group(0).strip()!r} is fenced with backticks; "
                 f"use a colon fence (:::{{exercise}} ... :::) so that notebooks show it as text"
             )
+
+
+def test_figures_have_alt_text_and_a_caption_and_are_sharp(notebook):
+    """Every figure says what it shows (MyST-NB cell metadata mystnb.image.alt, read by screen
+    readers and shown when the image cannot load), has a caption (mystnb.figure.caption), and is
+    stored at twice its display size (the setup cell's retina format) so it is sharp on
+    high-density screens."""
+    path, nb = notebook
+    problems = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        pngs = [o for o in cell.outputs if "image/png" in o.get("data", {})]
+        if not pngs:
+            continue
+        options = cell.metadata.get("mystnb", {})
+        alt = options.get("image", {}).get("alt", "")
+        caption = options.get("figure", {}).get("caption", "")
+        if len(alt.split()) < 6 or ".png" in alt:
+            problems.append(f"cell {i}: alt text {alt!r} does not say what the figure shows")
+        if len(caption.split()) < 2:
+            problems.append(f"cell {i}: no figure caption (mystnb.figure.caption)")
+        for o in pngs:
+            size = o.get("metadata", {}).get("image/png", {})
+            if "width" not in size:
+                problems.append(f"cell {i}: a PNG without display width (not retina output)")
+    assert not problems, f"{path.name}:\n" + "\n".join(problems)

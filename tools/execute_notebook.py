@@ -24,7 +24,7 @@ from nbclient import NotebookClient
 
 # tags: nbval, myst-nb and nbclient read them; cellView (Colab) and jupyter.source_hidden
 # (JupyterLab) fold the solutions.
-KEEP_CELL_METADATA = {"tags", "cellView", "jupyter"}
+KEEP_CELL_METADATA = {"tags", "cellView", "jupyter", "mystnb"}
 
 
 def clean(nb: nbformat.NotebookNode) -> None:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -175,7 +177,10 @@ class Exercise:
     report_all: bool = False  # report every wrong part, not only the first
     call: Callable[[Any, Case], Any] | None = None  # the output of an answer, if not answer(*args)
     convert: Callable[[Any], Any] | None = None  # normalises an output or rejects its type
-    context: Callable[[], contextlib.AbstractContextManager] | None = None  # e.g. forbid(...)
+    # Library functions the answer must not call (or be) where the exercise is to write them:
+    # (owner, attribute name) pairs, and what the learner reads when it does.
+    forbidden: Sequence[tuple[object, str]] = ()
+    forbidden_hint: str = ""
     custom: Callable[[Any], str] | None = None  # a check of its own; returns the success detail
     solution: Any = None  # an answer the checker accepts, when the reference is not one
     params: tuple[str, ...] = ("fn",)  # the public checker's parameters (several: a tuple answer)
@@ -183,21 +188,23 @@ class Exercise:
 
     def check(self, answer: object) -> None:
         """Print the success line, or "not attempted yet" for a stub; raise ``ExerciseError``
-        with a hint for a wrong answer."""
+        with a hint for a wrong answer. Warnings of the answer's code never reach stderr."""
         if not (self.prediction or _unfilled(answer) or callable(answer)):
             kind = type(answer).__name__
             raise TypeError(f"{self.name}: {self.params[0]} should be a function, got {kind}")
         try:
             if _unfilled(answer) or is_stub(answer):
                 raise NotAttempted
-            detail = self.custom(answer) if self.custom else self._run(answer)
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")  # e.g. overflow in exp: the hint says it better
+                detail = self.custom(answer) if self.custom else self._run(answer)
         except NotAttempted:  # not an error: "Run all" in Colab goes on past an unsolved exercise
             print(
-                f"⏳ {self.name}: not attempted yet — write your answer in the cell above, "
+                f"○ {self.name}: not attempted yet — write your answer in the cell above, "
                 "then run it again."
             )
             return
-        print(f"✅ {self.name}: correct — {detail}")
+        print(f"✓ {self.name}: correct — {detail}")
 
     def checker(self) -> Callable[..., None]:
         """The public ``check_*`` function: named ``name``, taking ``params``, documented by
@@ -232,6 +239,8 @@ class Exercise:
         return self.reference(*args, **kwargs)
 
     def _run(self, answer: object) -> str:
+        if any(answer is getattr(owner, name, None) for owner, name in self.forbidden):
+            raise ExerciseError(f"{self.name}: {self.forbidden_hint}")
         want = None
         for index, case in enumerate(self.cases()):
             if case.expected is not None:
@@ -239,7 +248,7 @@ class Exercise:
             else:
                 want = self._truth(*case.args, **case.kwargs)
                 want = self.convert(want) if self.prediction and self.convert else want
-            with self.context() if self.context else contextlib.nullcontext():
+            with forbid(self.forbidden, f"{self.name}: {self.forbidden_hint}"):
                 got = self._output(answer, case)
             if index == 0 and (
                 got is None or isinstance(got, _Raised) and isinstance(got.err, NotImplementedError)
@@ -335,8 +344,26 @@ def as_int(value: object, what: str) -> int:
     return value.__index__()
 
 
+def as_mapping(value: object, keys: Sequence[str], what: str = "predictions") -> Mapping:
+    """``value`` if it is a dict holding exactly ``keys``, else an ``ExerciseError``."""
+    if not isinstance(value, Mapping):
+        raise ExerciseError(f"{what} should be a dict, got {type(value).__name__}.")
+    missing, unknown = [k for k in keys if k not in value], [k for k in value if k not in keys]
+    if missing or unknown:
+        raise ExerciseError(
+            f"{what} should have the keys {list(keys)}; missing {missing}, unknown {unknown}."
+        )
+    return value
+
+
 def as_shape(value: object, what: str) -> tuple[int, ...]:
     """``value`` (a tuple, list or ``torch.Size`` of ints) as a tuple, or an ``ExerciseError``."""
     if isinstance(value, (tuple, list)) and all(type(n) is int for n in value):
         return tuple(value)
     raise ExerciseError(f"{what} should be a tuple of ints, got {value!r}.")
+
+
+def publish(namespace: dict[str, Any], exercises: Iterable[Exercise]) -> None:
+    """Define each exercise's public checker, ``check_*``, in ``namespace`` (a module's globals)."""
+    for ex in exercises:
+        namespace[ex.name] = ex.checker()

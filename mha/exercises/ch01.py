@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+import mha
+
 from ._harness import Case, Exercise, ExerciseError, Mistake
 
 # The seed's "猫 吃 鱼" example: three tokens with 2-dimensional embeddings, Q = K = V = X.
@@ -23,6 +25,7 @@ HEAD_PROJECTIONS = (
     torch.diag(torch.tensor([0.0, 1.0])),  # W2: keeps the second coordinate
     torch.eye(2),  # W3: keeps both
 )
+_NO_SDPA = [(F, "scaled_dot_product_attention"), (mha, "scaled_dot_product_attention")]
 
 
 def _scores(query: Tensor, key: Tensor) -> Tensor:
@@ -32,6 +35,11 @@ def _scores(query: Tensor, key: Tensor) -> Tensor:
 def _hard(scores: Tensor, dim: int = -1) -> Tensor:
     """All the weight on the best key, the seed's "softmax": (..., L, S)."""
     return F.one_hot(scores.argmax(dim=-1), scores.shape[-1]).to(scores.dtype)
+
+
+def _soft(q: Tensor, k: Tensor, scale: float | None = None, dim: int = -1) -> Tensor:
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return torch.softmax(_scores(q, k) * scale, dim=dim)  # (..., L, S)
 
 
 def _lookup_reference(query: Tensor, key: Tensor) -> Tensor:
@@ -50,66 +58,38 @@ def _lookup_cases() -> list[Case]:
     return [Case(f"fn(query {tuple(q.shape)}, key {tuple(k.shape)})", (q, k)) for q, k in pairs]
 
 
+_SQRT_D = "divide the scores by sqrt(D), D = query.shape[-1]"
+# fmt: off
+_LOOKUP_WEIGHTS_MISTAKES = (
+    Mistake(lambda q, k: _soft(q, k, 1.0), f"The scale is missing: {_SQRT_D}."),
+    Mistake(lambda q, k: _soft(q, k, 1 / q.shape[-1]), "You divided by D; the scale is 1/sqrt(D)."),
+    Mistake(lambda q, k: _soft(q, k, dim=-2),
+            "Each query (a row) spreads its weight over the keys: softmax over dim=-1."),
+    Mistake(lambda q, k: _soft(q, k, 1.0, dim=-2),
+            f"Softmax over the keys (dim=-1), and {_SQRT_D}."),
+    Mistake(lambda q, k: _scores(q, k) / math.sqrt(q.shape[-1]),
+            "These are scaled scores, not weights: apply a softmax over dim=-1."),
+    Mistake(_scores, f"These are raw scores: {_SQRT_D}, then softmax over dim=-1."),
+    Mistake(lambda q, k: _hard(_scores(q, k)),
+            "This is a hard lookup; softmax gives every key a positive weight."),
+)
 LOOKUP_WEIGHTS = Exercise(
-    "check_lookup_weights",
-    "every query spreads a total weight of 1 over the keys",
-    _lookup_reference,
-    _lookup_cases,
-    (
-        Mistake(
-            lambda q, k: torch.softmax(_scores(q, k), dim=-1),
-            "The scale is missing: divide the scores by sqrt(D), where D = query.shape[-1] is "
-            "the head dimension, before the softmax.",
-        ),
-        Mistake(
-            lambda q, k: torch.softmax(_scores(q, k) / q.shape[-1], dim=-1),
-            "You divided the scores by D; the scale is 1/sqrt(D).",
-        ),
-        Mistake(
-            lambda q, k: torch.softmax(_scores(q, k) / math.sqrt(q.shape[-1]), dim=-2),
-            "The softmax runs over the wrong axis: each query (a row) distributes its "
-            "attention over the keys, so normalise over the last axis, dim=-1.",
-        ),
-        Mistake(
-            lambda q, k: torch.softmax(_scores(q, k), dim=-2),
-            "Two things: the softmax must run over the keys (dim=-1), and the scores must be "
-            "divided by sqrt(D) first.",
-        ),
-        Mistake(
-            lambda q, k: _scores(q, k) / math.sqrt(q.shape[-1]),
-            "These are the scaled scores, not weights yet: apply a softmax over the keys "
-            "(dim=-1) so that every row is positive and sums to 1.",
-        ),
-        Mistake(
-            _scores, "These are raw scores: divide by sqrt(D), then apply a softmax over dim=-1."
-        ),
-        Mistake(
-            lambda q, k: _hard(_scores(q, k)),
-            "This is a hard lookup (all the weight on the best key). Attention is soft: the "
-            "softmax gives every key a positive weight.",
-        ),
-    ),
-    hint="Expected softmax(query @ key^T / sqrt(D)) over the last axis; each row must be "
-    "positive and sum to 1.",
-    crash_hint="Transpose the key with key.transpose(-2, -1) (not key.T) so that any leading "
-    "batch dimensions stay where they are.",
+    "check_lookup_weights", "every query spreads a total weight of 1 over the keys",
+    _lookup_reference, _lookup_cases, _LOOKUP_WEIGHTS_MISTAKES,
+    hint="Expected softmax(query @ key^T / sqrt(D)) over the last axis.",
+    crash_hint="Transpose with key.transpose(-2, -1) (not key.T) so leading batch dims stay put.",
+    forbidden=_NO_SDPA,
+    forbidden_hint="compute the weights yourself, without a ready-made attention.", solution=_soft,
     doc="Check ``fn(query (..., L, D), key (..., S, D)) -> weights (..., L, S)`` of a soft lookup.",
 )
+# fmt: on
 
 
-def _head(
-    x: Tensor,
-    w_q: Tensor,
-    w_k: Tensor,
-    w_v: Tensor,
-    *,
-    scale: float | None = None,
-    dim: int = -1,
-    weigh: Callable[[Tensor, int], Tensor] = torch.softmax,
-) -> Tensor:
-    """One head written out: right with the defaults, or with one of the seed's slips."""
-    scale = 1 / math.sqrt(w_q.shape[1]) if scale is None else scale
-    return weigh(_scores(x @ w_q, x @ w_k) * scale, dim) @ (x @ w_v)  # (L, Dv)
+def _head(x: Tensor, w_q: Tensor, w_k: Tensor, w_v: Tensor, **slip: Any) -> Tensor:
+    """One head written out: right without ``slip``, or with one of the seed's slips."""
+    scale = slip.get("scale", 1 / math.sqrt(w_q.shape[1]))
+    weigh: Callable[[Tensor, int], Tensor] = slip.get("weigh", torch.softmax)
+    return weigh(_scores(x @ w_q, x @ w_k) * scale, slip.get("dim", -1)) @ (x @ w_v)  # (L, Dv)
 
 
 def _seed_head_cases() -> list[Case]:
@@ -125,53 +105,35 @@ def _no_softmax(scores: Tensor, dim: int) -> Tensor:
     return scores
 
 
+def _slip(**kwargs: Any) -> Callable[..., Tensor]:
+    return lambda x, w_q, w_k, w_v: _head(x, w_q, w_k, w_v, **kwargs)
+
+
+# fmt: off
+_SEED_HEAD_FIX_MISTAKES = (
+    Mistake(_slip(scale=1.0, weigh=_no_softmax),
+            "Still the seed's scores @ v: add the 1/sqrt(d_k) scale and the softmax."),
+    Mistake(_slip(scale=1.0), "The scale is missing: divide by sqrt(d_k), d_k = w_q.shape[1]."),
+    Mistake(_slip(weigh=_no_softmax), "The softmax is missing: softmax(scores / sqrt(d_k))."),
+    Mistake(_slip(weigh=_hard), "A hard argmax; softmax gives every key a positive weight."),
+    Mistake(_slip(dim=0), "Wrong axis: normalise each query's row over the keys, dim=-1."),
+    Mistake(lambda x, w_q, w_k, w_v: _head(x, w_q, w_k, w_v, scale=x.shape[1] ** -0.5),
+            "d_k is the head dimension w_q.shape[1], not the model width E = x.shape[1]."),
+    Mistake(lambda x, w_q, w_k, w_v: _head(x, w_q, w_q, w_q),
+            "k = x @ w_k and v = x @ w_v have their own projections (equal in the seed's example)."),
+)
 SEED_HEAD_FIX = Exercise(
-    "check_seed_head_fix",
-    "head 1 of 猫 吃 鱼 is [[0.50, 0], [0.33, 0], [0.33, 0]]",
+    "check_seed_head_fix", "head 1 of 猫 吃 鱼 is [[0.50, 0], [0.33, 0], [0.33, 0]]",
     lambda x, w_q, w_k, w_v: F.scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v),
-    _seed_head_cases,
-    (
-        Mistake(
-            lambda x, w_q, w_k, w_v: _head(x, w_q, w_k, w_v, scale=1.0, weigh=_no_softmax),
-            "This is still the seed's computation, scores @ v: the 1/sqrt(d_k) scale and the "
-            "softmax are both missing.",
-        ),
-        Mistake(
-            lambda x, w_q, w_k, w_v: _head(x, w_q, w_k, w_v, scale=1.0),
-            "The softmax is there, but the scale is not: divide the scores by sqrt(d_k), "
-            "where d_k = w_q.shape[1] is the head dimension.",
-        ),
-        Mistake(
-            lambda x, w_q, w_k, w_v: _head(x, w_q, w_k, w_v, weigh=_no_softmax),
-            "The scale is there, but the softmax is not: the weights must be "
-            "softmax(scores / sqrt(d_k)) over the keys (dim=-1).",
-        ),
-        Mistake(
-            lambda x, w_q, w_k, w_v: _head(x, w_q, w_k, w_v, weigh=_hard),
-            "This is a hard argmax. Softmax is soft: every key keeps a positive weight, and a "
-            "row of equal scores gets equal weights.",
-        ),
-        Mistake(
-            lambda x, w_q, w_k, w_v: _head(x, w_q, w_k, w_v, dim=0),
-            "The softmax runs over the wrong axis: normalise each row (one query) over the "
-            "keys, dim=-1.",
-        ),
-        Mistake(
-            lambda x, w_q, w_k, w_v: _head(x, w_q, w_k, w_v, scale=x.shape[1] ** -0.5),
-            "d_k is the head dimension (w_q.shape[1]), not the model width E = x.shape[1]: "
-            "scale by 1/sqrt(w_q.shape[1]).",
-        ),
-        Mistake(
-            lambda x, w_q, w_k, w_v: _head(x, w_q, w_q, w_q),
-            "Each of q, k, v has its own projection: k = x @ w_k and v = x @ w_v. (In the "
-            "seed's example all three are equal, so this bug hides there.)",
-        ),
-    ),
-    hint="Expected softmax(q @ k.T / sqrt(d_k), dim=-1) @ v with q, k, v = x @ w_q, x @ w_k, "
-    "x @ w_v.",
+    _seed_head_cases, _SEED_HEAD_FIX_MISTAKES,
+    hint="Expected softmax(q @ k.T / sqrt(d_k), dim=-1) @ v, q, k, v = x @ w_q, x @ w_k, x @ w_v.",
     crash_hint="q, k and v are x @ w_q, x @ w_k and x @ w_v; the scores are q @ k.T.",
+    forbidden=_NO_SDPA,
+    forbidden_hint="write the head from matmul and softmax, without a ready-made attention.",
+    solution=_head,
     doc="Check ``fn(x (L, E), w_q (E, D), w_k (E, D), w_v (E, Dv)) -> out (L, Dv)``, one head.",
 )
+# fmt: on
 
 
 def _as_matrix(answer: object) -> Tensor:
@@ -189,45 +151,27 @@ def _seed_head(w: Tensor, **kwargs: Any) -> Tensor:
     return _head(CAT_EATS_FISH, w, w, w, **kwargs)
 
 
+# fmt: off
+_HEAD2_PREDICTION_MISTAKES = (
+    Mistake(lambda truth: _seed_head(HEAD_PROJECTIONS[1], scale=1.0, weigh=_no_softmax),
+            "The seed's scores @ V2: add scale and softmax (equal scores then get 1/3 each)."),
+    Mistake(lambda truth: _seed_head(HEAD_PROJECTIONS[1], scale=1.0),
+            "Divide the scores by sqrt(2) before the softmax: e^0.71 / (e^0.71 + 2) = 0.50."),
+    Mistake(lambda truth: truth * torch.tensor([[0.0], [1.0], [0.0]]),
+            "猫 and 鱼 see three equal scores (0): weights 1/3 each, output the mean of V2's rows."),
+    Mistake(lambda truth: _seed_head(HEAD_PROJECTIONS[0]), "That is head 1; W2 = diag(0, 1)."),
+    Mistake(lambda truth: truth.flip(-1), "Columns swapped: W2 = diag(0, 1) zeroes the first."),
+)
 HEAD2_PREDICTION = Exercise(
-    "check_head2_prediction",
-    "row 1 (吃) ≈ [0, 0.50], rows 0 and 2 = [0, 1/3]",
+    "check_head2_prediction", "row 1 (吃) ≈ [0, 0.50], rows 0 and 2 = [0, 1/3]",
     lambda: F.scaled_dot_product_attention(*(CAT_EATS_FISH @ HEAD_PROJECTIONS[1],) * 3),
-    mistakes=(
-        Mistake(
-            lambda truth: _seed_head(HEAD_PROJECTIONS[1], scale=1.0, weigh=_no_softmax),
-            "That is the seed's recipe, scores @ V2 (here equal to V2 itself): the scale and "
-            "the softmax are missing. Softmax is soft, so no weight is 0, and a row of equal "
-            "scores gets weights 1/3 each.",
-        ),
-        Mistake(
-            lambda truth: _seed_head(HEAD_PROJECTIONS[1], scale=1.0),
-            "Close, but the scores were not scaled: divide them by sqrt(d_k) = sqrt(2) before "
-            "the softmax (e^1 / (e^1 + 2) = 0.58 becomes e^0.71 / (e^0.71 + 2) = 0.50).",
-        ),
-        Mistake(
-            lambda truth: truth * torch.tensor([[0.0], [1.0], [0.0]]),
-            "Tokens 猫 and 鱼 see three equal scores (all 0), so their weights are uniform, "
-            "1/3 each, and their output is the mean of the rows of V2, not zero.",
-        ),
-        Mistake(
-            lambda truth: _seed_head(HEAD_PROJECTIONS[0]),
-            "That is head 1. Head 2 keeps the second coordinate (W2 = diag(0, 1)).",
-        ),
-        Mistake(
-            lambda truth: truth.flip(-1),
-            "The columns are swapped: W2 = diag(0, 1) zeroes the first coordinate.",
-        ),
-    ),
-    hint="That is not head 2. Per row: the scores are q_i . k_j / sqrt(2), the weights their "
-    "softmax over j, the output the weighted sum of the rows of V2 = X @ W2.",
-    atol=0.01,
-    rtol=0.0,  # two decimals are enough
-    prediction=True,
-    convert=_as_matrix,
-    params=("answer",),
+    mistakes=_HEAD2_PREDICTION_MISTAKES,
+    hint="That is not head 2. Row i: scores q_i . k_j / sqrt(2), softmax over j, weighted sum of "
+    "the rows of V2 = X @ W2.",
+    atol=0.01, rtol=0.0, prediction=True, convert=_as_matrix, params=("answer",),
     doc="Check a hand-computed head 2 (L, D) = (3, 2) of the seed's example, to two decimals.",
 )
+# fmt: on
 
 
 def _permuted_cases() -> list[Case]:
@@ -239,40 +183,28 @@ def _permuted_cases() -> list[Case]:
     with torch.no_grad():
         for p in layer.parameters():
             p.copy_(0.5 * torch.randn(p.shape, generator=g))
-        out = layer(x, x, x, need_weights=False)[0][0]  # (L, E)
-        return [  # token i of the new sentence is old token perm[i]
-            Case(
-                f"fn(out, perm={p.tolist()})",
-                (out, p),
-                expected=layer(x[:, p], x[:, p], x[:, p], need_weights=False)[0][0],
-            )
-            for p in (torch.tensor([2, 0, 3, 4, 1]), torch.tensor([4, 3, 2, 1, 0]))
-        ]
+        out, perms = layer(x, x, x)[0][0], (torch.tensor([2, 0, 3, 4, 1]), torch.arange(4, -1, -1))
+        # token i of the new sentence is old token perm[i]
+        got = [layer(x[:, p], x[:, p], x[:, p])[0][0] for p in perms]
+    return [Case(f"fn(out, perm={p.tolist()})", (out, p), expected=y) for p, y in zip(perms, got)]
 
 
+# fmt: off
+_PERMUTED_OUTPUTS_MISTAKES = (
+    Mistake(lambda out, perm: out, "Each token's output travels with it: reorder out's rows."),
+    Mistake(lambda out, perm: out[torch.argsort(perm)],
+            "That is the inverse permutation: new row i is old row perm[i], out[perm[i]]."),
+)
 PERMUTED_OUTPUTS = Exercise(
-    "check_permuted_outputs",
-    "reorder the tokens and the outputs reorder the same way",
-    lambda out, perm: out[perm],
-    _permuted_cases,
-    (
-        Mistake(
-            lambda out, perm: out,
-            "The outputs do not stay in place: each token's output travels with the token, so "
-            "the rows of out must be reordered like the tokens.",
-        ),
-        Mistake(
-            lambda out, perm: out[torch.argsort(perm)],
-            "That is the inverse permutation. In x[perm], row i is old row perm[i], so the new "
-            "output row i is out[perm[i]].",
-        ),
-    ),
+    "check_permuted_outputs", "reorder the tokens and the outputs reorder the same way",
+    lambda out, perm: out[perm], _permuted_cases, _PERMUTED_OUTPUTS_MISTAKES,
     hint="Self-attention without positions is permutation-equivariant: "
     "attention(x[perm]) = attention(x)[perm].",
     crash_hint="Index the rows of out with perm.",
     doc="Check ``fn(out (L, E), perm (L,)) -> (L, E)``: the output of torch's "
     "``nn.MultiheadAttention`` (no positions) for ``x[perm]``, predicted from its output for x.",
 )
+# fmt: on
 
 EXERCISES = (LOOKUP_WEIGHTS, SEED_HEAD_FIX, HEAD2_PREDICTION, PERMUTED_OUTPUTS)
 check_lookup_weights = LOOKUP_WEIGHTS.checker()

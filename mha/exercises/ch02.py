@@ -1,7 +1,8 @@
 """Chapter 2, scaled dot-product attention: the exercises as data for :mod:`._harness`.
 
 References: ``torch.softmax`` and ``F.scaled_dot_product_attention``, which the learner must not
-call (a tripwire); mistakes: no max subtraction, the wrong axis, the wrong scale, no transpose.
+call (a tripwire); mistakes: no max subtraction (or the mean, the first element, a global max), the
+wrong axis, the wrong scale, no transpose. Tolerances follow the dtype and the logits' magnitude.
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ from torch import Tensor
 
 import mha
 
-from ._harness import Case, Exercise, ExerciseError, Mistake, as_shape, forbid
+from ._harness import Case, Exercise, ExerciseError, Mistake, as_shape, publish
 
-_HINT_AXIS = (
-    "Normalise along the `dim` you are given: use it in both the max and the sum, with "
-    "keepdim=True so that the result broadcasts back against x."
-)
+_SOFTMAXES = ("softmax", "log_softmax")
+_AXIS = "Use `dim` in both the max and the sum, with keepdim=True so that they broadcast back."
+_OVERFLOW = "exp(89) is inf in float32 (exp(11.1) in float16) and inf/inf is NaN"
 
 
 def _normalise(e: Tensor, dim: int | None) -> Tensor:
@@ -28,77 +28,63 @@ def _normalise(e: Tensor, dim: int | None) -> Tensor:
     return e / e.sum(dim, keepdim=True)
 
 
-def _stable(x: Tensor, dim: int) -> Tensor:
-    return _normalise((x - x.amax(dim, keepdim=True)).exp(), dim)
+def _shifted(x: Tensor, shift: Tensor, dim: int | None = -1) -> Tensor:
+    return _normalise((x - shift).exp(), dim)
+
+
+def _softmax_case(label: str, x: Tensor, **kwargs: int) -> Case:
+    """Tolerances relative to the dtype and the logits' size: rounding ``x - m`` (or ``x - lse``)
+    costs a relative error of about eps · max|x| in a correct answer."""
+    tol = 4 * torch.finfo(x.dtype).eps * max(1.0, x.abs().max().item())
+    return Case(
+        f"my_softmax(x{', dim=1' if kwargs else ''}) {label}", (x,), kwargs, atol=tol, rtol=tol
+    )
 
 
 def _softmax_cases() -> list[Case]:  # exp(89) overflows float32, exp(12) float16
     g = torch.Generator().manual_seed(2)
-    small, middle = torch.randn(4, 6, generator=g), torch.randn(2, 5, 3, generator=g) * 3
-    large = torch.tensor([[1000.0, 999.0, 998.0, 990.0], [995.0, 1000.0, 990.0, 999.0]])
-    spread = torch.tensor([[1000.0, 999.0, 998.0], [0.0, -1.0, -2.0]])
-    half = torch.tensor([[12.0, 10.0, 8.0, 0.0]], dtype=torch.float16)
     return [
-        Case("my_softmax(x) on small logits", (small,)),
-        Case("my_softmax(x, dim=1) on a (2, 5, 3) tensor", (middle,), {"dim": 1}),
-        Case("my_softmax(x) on logits near 1000", (large,)),
-        Case("my_softmax(x) on rows of very different size", (spread,)),
-        Case("my_softmax(x) in float16 on logits up to 12", (half,), atol=2e-3, rtol=2e-3),
+        _softmax_case("on small logits", torch.randn(4, 6, generator=g)),
+        _softmax_case("on a (2, 5, 3) tensor", torch.randn(2, 5, 3, generator=g) * 3, dim=1),
+        _softmax_case("on logits near 1000", 1000 - torch.tensor([[0.0, 1, 2, 10], [5, 0, 10, 1]])),
+        _softmax_case(
+            "on rows of very different size", torch.tensor([[1000.0, 999, 998], [0, -1, -2]])
+        ),
+        _softmax_case(
+            "on rows [1000, 0] and [0, 1000]", torch.tensor([[1000.0, 0.0], [0.0, 1000.0]])
+        ),
+        _softmax_case("in float16", torch.tensor([[12.0, 10.0, 8.0, 0.0]], dtype=torch.float16)),
     ]
 
 
-SOFTMAX = Exercise(
-    "check_softmax",
-    "stable for large logits, right axis, float16 included",
-    lambda x, dim=-1: torch.softmax(x.float(), dim=dim).to(x.dtype),
-    _softmax_cases,
-    (
-        Mistake(
-            lambda x, dim=-1: _normalise(x.exp(), dim),
-            "exp() overflowed: exp(89) is already inf in float32 (exp(11.1) in float16), and "
-            "inf/inf is NaN. Subtract the maximum along `dim` before exponentiating: "
-            "softmax(x) = softmax(x - max).",
-        ),
-        Mistake(
-            lambda x, dim=-1: _normalise((x - x.max()).exp(), dim),
-            "Subtract the maximum of each slice along `dim` (x.amax(dim=dim, keepdim=True)), "
-            "not one global maximum: a row far below the global max underflows to all zeros, "
-            "and 0/0 is NaN.",
-        ),
-        Mistake(
-            lambda x, dim=-1: _stable(x, -1),
-            "You normalised along the last axis, not along `dim`. " + _HINT_AXIS,
-        ),
-        Mistake(
-            lambda x, dim=-1: _normalise((x - x.max()).exp(), None),
-            "You divided by the sum of the whole tensor. " + _HINT_AXIS,
-        ),
-        Mistake(
-            lambda x, dim=-1: _stable(x.float(), dim),
-            "Keep the input's dtype: a float16 input gives a float16 softmax (compute in "
-            "float32 inside if you like, then convert back).",
-        ),
-    ),
-    hint="Each slice along `dim` must be exp(x - max) divided by its own sum.",
-    crash_hint=_HINT_AXIS,
-    atol=1e-6,
-    rtol=1e-5,
-    exact_dtype=True,
-    context=lambda: forbid(
-        [
-            (m, n)
-            for m in (torch, torch.special, F, torch.Tensor, mha)
-            for n in ("softmax", "log_softmax")
-        ],
-        "check_softmax: write softmax yourself from exp, max and sum, without calling "
-        "torch.softmax or its aliases.",
-    ),
-    solution=lambda x, dim=-1: _stable(x, dim),
-    params=("my_softmax",),
-    doc="""Check a hand-written, numerically stable ``my_softmax(x, dim=-1)`` (no torch.softmax)
-    against ``torch.softmax``: small logits, logits of 1000, rows of very different size, a middle
-    axis, float16.""",
+# fmt: off
+_SOFTMAX_MISTAKES = (
+    Mistake(lambda x, dim=-1: _shifted(x, x.mean(dim, keepdim=True), dim),
+            f"Only the row *maximum* keeps exponents <= 0: [1000, 0] minus its mean is [500, -500]; {_OVERFLOW}."),
+    Mistake(lambda x, dim=-1: _shifted(x, x.narrow(dim, 0, 1), dim),
+            f"Subtract the row maximum, not the first element: [0, 1000] stays as it is, and {_OVERFLOW}."),
+    Mistake(lambda x, dim=-1: _normalise(x.exp(), dim),
+            f"exp() overflowed: {_OVERFLOW}. Subtract the maximum along `dim` first."),
+    Mistake(lambda x, dim=-1: _shifted(x, x.max(), dim),
+            "Subtract each slice's own maximum, x.amax(dim, keepdim=True): rows far below a global one give 0/0."),
+    Mistake(lambda x, dim=-1: _shifted(x, x.amax(-1, keepdim=True)), f"Not along `dim`. {_AXIS}"),
+    Mistake(lambda x, dim=-1: _shifted(x, x.max(), None), f"You divided by the total. {_AXIS}"),
+    Mistake(lambda x, dim=-1: _shifted(x.float(), x.float().amax(dim, keepdim=True), dim),
+            "Return the input's dtype (compute in float32 inside if you like, then convert back)."),
 )
+SOFTMAX = Exercise(
+    "check_softmax", "stable for large logits, right axis, float16 included",
+    lambda x, dim=-1: torch.softmax(x.double(), dim=dim).to(x.dtype), _softmax_cases,
+    _SOFTMAX_MISTAKES, hint="Each slice along `dim` must be exp(x - max) divided by its own sum.",
+    crash_hint=_AXIS, exact_dtype=True,
+    forbidden=[(m, n) for m in (torch, torch.special, F, Tensor, mha) for n in _SOFTMAXES],
+    forbidden_hint="write softmax yourself from exp, max and sum, without calling "
+    "torch.softmax or its aliases.",
+    solution=lambda x, dim=-1: _shifted(x, x.amax(dim, keepdim=True), dim), params=("my_softmax",),
+    doc="Check a hand-written, numerically stable ``my_softmax(x, dim=-1)`` (no torch.softmax) "
+    "against ``torch.softmax``: small and large logits, a middle axis, float16.",
+)
+# fmt: on
 
 
 def _variances() -> tuple[float, float]:
@@ -112,44 +98,31 @@ def _as_numbers(answer: tuple[object, object]) -> tuple[float, float]:
     for name, value in zip(("unscaled", "scaled"), answer):
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise ExerciseError(f"{name} should be a number, got {value!r}.")
-    unscaled, scaled = answer[0], answer[1]
-    assert isinstance(unscaled, numbers.Real) and isinstance(scaled, numbers.Real)  # checked above
-    return float(unscaled), float(scaled)
+    return float(answer[0]), float(answer[1])  # type: ignore[arg-type]  # checked above
 
 
-_HINT_SCALED = "dividing a variable by c divides its variance by c², here by d_k."
-
+_SCALED = "dividing a variable by c divides its variance by c², here by d_k."
+# fmt: off
+_QK_VARIANCE_PREDICTION_MISTAKES = (
+    Mistake(lambda t: (math.sqrt(t[0]), t[1]), "that is the standard deviation √d_k; square it."),
+    Mistake(lambda t: (1.0, t[1]), "the variances of the 64 independent products add up."),
+    Mistake(lambda t: (t[0], 1 / math.sqrt(64)), _SCALED),
+    Mistake(lambda t: (t[0], math.sqrt(64)), _SCALED),
+)
 QK_VARIANCE_PREDICTION = Exercise(
     "check_qk_variance_prediction",
-    lambda want: f"measured {want[0]:.1f} unscaled and {want[1]:.2f} scaled",
-    _variances,
-    mistakes=(
-        Mistake(
-            lambda t: (math.sqrt(t[0]), t[1]),
-            "that is the standard deviation √d_k; the variance is its square.",
-        ),
-        Mistake(
-            lambda t: (1.0, t[1]),
-            "each product q_i·k_i has variance 1, and the variances of the 64 independent "
-            "terms add up.",
-        ),
-        Mistake(lambda t: (t[0], 1 / math.sqrt(64)), _HINT_SCALED),
-        Mistake(lambda t: (t[0], math.sqrt(64)), _HINT_SCALED),
-    ),
+    lambda want: f"measured {want[0]:.1f} unscaled and {want[1]:.2f} scaled", _variances,
+    mistakes=_QK_VARIANCE_PREDICTION_MISTAKES,
     hint={
-        "unscaled": "q·k is a sum of d_k independent products q_i·k_i, each with mean 0 and "
-        "variance E[q_i²]·E[k_i²] = 1.",
+        "unscaled": "q·k is a sum of d_k independent products q_i·k_i, each of variance 1.",
         "scaled": "Var(x / c) = Var(x) / c²; with c = √d_k that undoes the growth exactly.",
     },
-    atol=0.0,
-    rtol=0.1,  # within 10% of the measurement
-    outputs=("unscaled", "scaled"),
-    prediction=True,
-    convert=_as_numbers,
+    atol=0.0, rtol=0.1, outputs=("unscaled", "scaled"), prediction=True, convert=_as_numbers,
     params=("unscaled", "scaled"),
-    doc="""Check predicted variances of q·k and q·k/√64 for standard normal q, k with d_k = 64,
-    within 10% of the variances measured on 100,000 random pairs.""",
+    doc="Check predicted variances of q·k and q·k/√64 for standard normal q, k (d_k = 64), within "
+    "10% of the variances measured on 100,000 random pairs.",
 )
+# fmt: on
 
 
 def _true_shapes() -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -158,44 +131,30 @@ def _true_shapes() -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(weights.shape), tuple(F.scaled_dot_product_attention(q, k, v).shape)
 
 
+# fmt: off
+_SHAPE_PREDICTION_MISTAKES = (
+    Mistake(lambda t: ((2, 8, 7, 10), t[1]), "rows are queries (L = 10), columns keys (S = 7)."),
+    Mistake(lambda t: ((2, 8, 10, 64), t[1]), "q @ kᵀ sums the head dim D away."),
+    Mistake(lambda t: (t[0], (2, 8, 10, 64)), "the output's last dim is the value dim Dv = 32."),
+    Mistake(lambda t: (t[0], (2, 8, 7, 32)), "one output row per query (L = 10)."),
+)
 SHAPE_PREDICTION = Exercise(
-    "check_shape_prediction",
-    lambda want: f"weights {want[0]}, out {want[1]}",
-    _true_shapes,
-    mistakes=(
-        Mistake(
-            lambda t: ((2, 8, 7, 10), t[1]),
-            "rows are queries (L = 10) and columns are keys (S = 7), not the other way.",
-        ),
-        Mistake(
-            lambda t: ((2, 8, 10, 64), t[1]),
-            "the head dim D is summed away by q @ kᵀ: one score per (query, key) pair.",
-        ),
-        Mistake(
-            lambda t: (t[0], (2, 8, 10, 64)),
-            "the output mixes value rows, so its last dim is the value dim Dv = 32.",
-        ),
-        Mistake(
-            lambda t: (t[0], (2, 8, 7, 32)),
-            "there is one output row per query (L = 10), whatever the number of keys.",
-        ),
-    ),
+    "check_shape_prediction", lambda want: f"weights {want[0]}, out {want[1]}", _true_shapes,
+    mistakes=_SHAPE_PREDICTION_MISTAKES,
     hint={
         "weights": "one weight per (query, key) pair in every batch and head: (B, H, L, S).",
         "out": "(B, H, L, S) weights times (B, H, S, Dv) values gives (B, H, L, Dv).",
     },
-    outputs=("weights", "out"),
-    prediction=True,
-    params=("weights", "out"),
+    outputs=("weights", "out"), prediction=True, params=("weights", "out"),
     convert=lambda answer: (as_shape(answer[0], "weights"), as_shape(answer[1], "out")),
-    doc="""Check the predicted shapes of the weights and the output of attention with query
-    (2, 8, 10, 64), key (2, 8, 7, 64), value (2, 8, 7, 32), found by running torch's operators.""",
+    doc="Check the predicted shapes of the weights and the output of attention with query "
+    "(2, 8, 10, 64), key (2, 8, 7, 64), value (2, 8, 7, 32), found by running torch's operators.",
 )
+# fmt: on
 
-_HINT_TRANSPOSE = (
-    "The scores are q @ kᵀ over the last two dims: use k.transpose(-2, -1) (or k.mT); negative "
-    "dims make it work for any number of leading batch dims, while k.T reverses all dims of a "
-    "batched tensor."
+_TRANSPOSE = (
+    "Transpose the last two dims with k.transpose(-2, -1) (or k.mT): negative dims work for any "
+    "number of batch dims, while k.T reverses them all."
 )
 
 
@@ -207,66 +166,38 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, dim:
 def _sdpa_cases() -> list[Case]:
     g = torch.Generator().manual_seed(3)
     cases = []
-    for shapes in [
-        ((2, 3, 4, 8), (2, 3, 6, 8), (2, 3, 6, 5)),
-        ((2, 5, 6), (2, 6, 6), (2, 6, 3)),
-        ((3, 4), (7, 4), (7, 2)),
-    ]:  # (..., L, D), (..., S, D), (..., S, Dv)
+    for shapes in [((2, 3, 4, 8), (2, 3, 6, 8), (2, 3, 6, 5)), ((2, 5, 6), (2, 6, 6), (2, 6, 3))]:
         label = "my_attention(q, k, v) with q {}, k {}, v {}".format(*shapes)
         # std 3 so that a missing or wrong scale changes the result clearly
         cases.append(Case(label, tuple(torch.randn(*s, generator=g) * 3 for s in shapes)))
-    return cases
+    q, k, v = (torch.randn(*s, generator=g) * 3 for s in ((3, 4), (7, 4), (7, 2)))
+    return [*cases, Case("my_attention(q, k, v) with q (3, 4), k (7, 4), v (7, 2)", (q, k, v))]
 
 
-SDPA = Exercise(
-    "check_sdpa",
-    "matches torch's scaled_dot_product_attention for 2-D, 3-D and 4-D inputs",
-    F.scaled_dot_product_attention,
-    _sdpa_cases,
-    (
-        Mistake(
-            lambda q, k, v: _attention(q, k, v, 1.0),
-            "Scale the scores by 1/√D (D = q.shape[-1]) before the softmax; without it the "
-            "softmax saturates as D grows.",
-        ),
-        Mistake(
-            lambda q, k, v: _attention(q, k, v, 1 / q.shape[-1]), "The scale is 1/√D, not 1/D."
-        ),
-        Mistake(
-            lambda q, k, v: _attention(q, k, v, math.sqrt(q.shape[-1])),
-            "Divide the scores by √D; you multiplied by it.",
-        ),
-        Mistake(
-            lambda q, k, v: _attention(q, k, v, dim=-2),
-            "The softmax runs over the keys (dim=-1): each query's weights must sum to 1. You "
-            "normalised over the queries (dim=-2).",
-        ),
-        Mistake(lambda q, k, v: _attention(q, k.transpose(-2, -1), v), _HINT_TRANSPOSE),
-        Mistake(
-            lambda q, k, v: _attention(q, k, torch.eye(k.shape[-2])),
-            "That is the shape of the weights (..., L, S). Multiply the weights by v to get "
-            "the output (..., L, Dv).",
-        ),
-        Mistake(
-            lambda q, k, v: (_attention(q, k, v), q @ k.mT),
-            "You returned a tuple; return only the output tensor.",
-        ),
-    ),
-    hint="out must equal softmax(q @ kᵀ / √D, dim=-1) @ v.",
-    crash_hint=_HINT_TRANSPOSE,
-    context=lambda: forbid(
-        [(F, "scaled_dot_product_attention"), (mha, "scaled_dot_product_attention")],
-        "check_sdpa: build attention from matmul and softmax yourself, without calling a "
-        "ready-made scaled_dot_product_attention.",
-    ),
-    solution=_attention,
-    params=("my_attention",),
-    doc="""Check a hand-written ``my_attention(q, k, v)`` = softmax(q kᵀ / √D) v against
-    ``F.scaled_dot_product_attention`` (which it must not call): 2-D to 4-D, L ≠ S, D ≠ Dv.""",
+# fmt: off
+_SDPA_MISTAKES = (
+    Mistake(lambda q, k, v: _attention(q, k, v, 1.0), "Scale the scores by 1/√D, D = q.shape[-1]."),
+    Mistake(lambda q, k, v: _attention(q, k, v, 1 / q.shape[-1]), "The scale is 1/√D, not 1/D."),
+    Mistake(lambda q, k, v: _attention(q, k, v, q.shape[-1] ** 0.5), "Divide by √D, not multiply."),
+    Mistake(lambda q, k, v: _attention(q, k, v, dim=-2),
+            "Softmax over the keys (dim=-1), so that each query's weights sum to 1."),
+    Mistake(lambda q, k, v: _attention(q, k.transpose(-2, -1), v), _TRANSPOSE),
+    Mistake(lambda q, k, v: _attention(q, k, torch.eye(k.shape[-2])),
+            "Those are the weights (..., L, S): multiply them by v."),
+    Mistake(lambda q, k, v: (_attention(q, k, v), q @ k.mT), "Return only the output tensor."),
 )
+SDPA = Exercise(
+    "check_sdpa", "matches torch's scaled_dot_product_attention for 2-D, 3-D and 4-D inputs",
+    F.scaled_dot_product_attention, _sdpa_cases, _SDPA_MISTAKES,
+    hint="out must equal softmax(q @ kᵀ / √D, dim=-1) @ v.", crash_hint=_TRANSPOSE,
+    forbidden=[(F, "scaled_dot_product_attention"), (mha, "scaled_dot_product_attention")],
+    forbidden_hint="build attention from matmul and softmax yourself, without calling a "
+    "ready-made scaled_dot_product_attention.",
+    solution=_attention, params=("my_attention",),
+    doc="Check a hand-written ``my_attention(q, k, v)`` = softmax(q kᵀ / √D) v against "
+    "``F.scaled_dot_product_attention`` (which it must not call): 2-D to 4-D, L ≠ S, D ≠ Dv.",
+)
+# fmt: on
 
 EXERCISES = (SOFTMAX, QK_VARIANCE_PREDICTION, SHAPE_PREDICTION, SDPA)
-check_softmax = SOFTMAX.checker()
-check_qk_variance_prediction = QK_VARIANCE_PREDICTION.checker()
-check_shape_prediction = SHAPE_PREDICTION.checker()
-check_sdpa = SDPA.checker()
+publish(globals(), EXERCISES)

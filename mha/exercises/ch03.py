@@ -1,7 +1,8 @@
 """Chapter 3, multi-head attention: the exercises as data for :mod:`._harness`.
 
-References: torch's ``F.multi_head_attention_forward`` and a head split by slicing; mistakes:
-``view`` without ``transpose`` (the post ``002``), interleaved heads, the wrong scale, no W_O.
+References: torch's ``F.multi_head_attention_forward`` (which the learner must not call) and a
+head split by slicing; mistakes: ``view`` without ``transpose`` (the post ``002``), interleaved
+heads, the wrong scale, no W_O.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..multihead import MultiHeadAttention
-from ._harness import Case, Exercise, ExerciseError, Mistake, as_int, as_shape
+from ._harness import Case, Exercise, ExerciseError, Mistake, as_int, as_mapping, as_shape, publish
 
 # Split (B, N, H·D) -> (B, H, N, D) and merge back: right (by slicing, so that it cannot share a
 # layout mistake with the learner's view) and the usual wrong ways.
@@ -30,24 +31,17 @@ _MERGES: dict[str, Callable[[Tensor], Tensor]] = {
     "flat": lambda t: t.reshape(t.shape[0], t.shape[2], -1),  # the post's view(B, -1, d_model)
     "interleaved": lambda t: t.permute(0, 2, 3, 1).flatten(2),
 }
-_HINT_SPLIT_FLAT = (
-    "You reshaped (B, L, E) straight into (B, H, L, D) — a view without a transpose, the bug of "
-    "the post's second implementation (view(B·H, -1, D)). A view only reinterprets memory, which "
-    "holds x token by token, so your 'head 0' is made of chunks of the first tokens, not of "
-    "features 0..D-1 of every token. Split the last dim first, x.view(B, L, H, D), then move the "
-    "head dim in front of the tokens with .transpose(1, 2)."
+_SPLIT_FLAT = (
+    "A view without a transpose (the post's view(B·H, -1, D)) makes 'head 0' out of chunks of the "
+    "first tokens, since memory holds x token by token: use x.view(B, L, H, D).transpose(1, 2)."
 )
-_HINT_INTERLEAVED = (
-    "Your heads take every H-th feature (h, h+H, h+2H, ...). Head h must own the contiguous block "
-    "of features h·D .. (h+1)·D - 1: that is how nn.MultiheadAttention, mha.MultiHeadAttention and "
-    "every pretrained checkpoint lay out the rows of W_Q, W_K and W_V (and the columns of W_O). "
-    "Use view(B, L, H, D), not view(B, L, D, H)."
+_INTERLEAVED = (
+    "Head h owns the contiguous features h·D..(h+1)·D-1 (as in nn.MultiheadAttention and every "
+    "checkpoint), not every H-th one: view(B, L, H, D), not view(B, L, D, H)."
 )
-_HINT_MERGE_FLAT = (
-    "You reshaped (B, H, L, D) straight into (B, L, H·D) — a view without a transpose, the merge "
-    "of the post's second implementation. Row i of the result must be [head 0 of token i | head 1 "
-    "of token i | ...]; with a plain reshape it is a chunk of head 0's rows instead. Move the "
-    "tokens back in front of the heads with .transpose(1, 2), then .reshape(B, L, H·D)."
+_MERGE_FLAT = (
+    "A reshape of (B, H, L, D) without a transpose makes row i a chunk of head 0's rows: use "
+    ".transpose(1, 2).reshape(B, L, H·D)."
 )
 
 
@@ -61,35 +55,24 @@ def _split_cases() -> list[Case]:
     return [Case(f"split_heads(x, {H}) with x of shape {tuple(x.shape)}", (x, H)) for x, H in cases]
 
 
+# fmt: off
+_SPLIT_HEADS_MISTAKES = (
+    Mistake(_SPLITS["flat"], _SPLIT_FLAT),
+    Mistake(lambda x, H: x.reshape(x.shape[0] * H, -1, x.shape[-1] // H),
+            f"The post's (B·H, L, D) layout, and more than a shape problem. {_SPLIT_FLAT}"),
+    Mistake(lambda x, H: x.unflatten(-1, (H, -1)),
+            "Move the heads in front of the tokens with .transpose(1, 2): (B, H, L, D)."),
+    Mistake(_SPLITS["interleaved"], _INTERLEAVED),
+)
 SPLIT_HEADS = Exercise(
-    "check_split_heads",
-    "head h holds features h·D..(h+1)·D-1 of every token",
-    _SPLITS["ok"],
-    _split_cases,
-    (
-        Mistake(_SPLITS["flat"], _HINT_SPLIT_FLAT),
-        Mistake(
-            lambda x, H: x.reshape(x.shape[0] * H, -1, x.shape[-1] // H),
-            "That is the post's (B·H, L, D) layout, and it is more than a shape problem: "
-            "viewing (B, L, E) as (B·H, -1, D) without a transpose puts chunks of the same "
-            "tokens into one 'head'. Return (B, H, L, D) = x.view(B, L, H, D)"
-            ".transpose(1, 2).",
-        ),
-        Mistake(
-            lambda x, H: x.unflatten(-1, (H, -1)),
-            "You split the features into (B, L, H, D) but did not move the heads in front of "
-            "the tokens: add .transpose(1, 2), so that every head sees all L tokens.",
-        ),
-        Mistake(_SPLITS["interleaved"], _HINT_INTERLEAVED),
-    ),
-    hint="Head h of token i must be x[b, i, h·D:(h+1)·D].",
-    crash_hint="x.view(B, L, H, D).transpose(1, 2) works for any B and L.",
-    atol=0.0,
-    rtol=0.0,
+    "check_split_heads", "head h holds features h·D..(h+1)·D-1 of every token", _SPLITS["ok"],
+    _split_cases, _SPLIT_HEADS_MISTAKES, hint="Head h of token i must be x[b, i, h·D:(h+1)·D].",
+    crash_hint="x.view(B, L, H, D).transpose(1, 2) works for any B and L.", atol=0.0, rtol=0.0,
     params=("split_heads",),
     doc="Check ``split_heads(x, num_heads)``: (B, L, E) -> (B, H, L, D), head h = features "
     "h·D..(h+1)·D-1 of every token, as in ``nn.MultiheadAttention``.",
 )
+# fmt: on
 
 
 def _merge_cases() -> list[Case]:
@@ -98,157 +81,80 @@ def _merge_cases() -> list[Case]:
     return [Case(f"merge_heads(x) with x of shape {tuple(x.shape)}", (x,)) for x in cases]
 
 
+# fmt: off
+_MERGE_HEADS_MISTAKES = (
+    Mistake(_MERGES["flat"], _MERGE_FLAT),
+    Mistake(lambda x: x.transpose(1, 2).view(x.shape[0], x.shape[2], -1),
+            "After a transpose view() fails: use .reshape(...) (or .contiguous().view(...))."),
+    Mistake(_MERGES["interleaved"], "Concatenate whole heads, not feature by feature."),
+    Mistake(lambda x: x.flatten(1, 2), "Concatenate the heads along the features, not tokens."),
+)
 MERGE_HEADS = Exercise(
-    "check_merge_heads",
-    "heads concatenated in order along the features",
-    _MERGES["ok"],
-    _merge_cases,
-    (
-        Mistake(_MERGES["flat"], _HINT_MERGE_FLAT),
-        Mistake(
-            lambda x: x.transpose(1, 2).view(x.shape[0], x.shape[2], -1),
-            "view() needs memory laid out in the new order; after a transpose it is not. Use "
-            ".reshape(...) (or .contiguous().view(...)) to merge the heads back.",
-        ),
-        Mistake(
-            _MERGES["interleaved"],
-            "You interleaved the heads feature by feature. Concatenate whole heads: [head 0 "
-            "(D values) | head 1 (D values) | ...], i.e. transpose(1, 2) then reshape.",
-        ),
-        Mistake(
-            lambda x: x.flatten(1, 2),
-            "You stacked the heads along the tokens. Concatenate them along the features, "
-            "(B, L, H·D).",
-        ),
-    ),
+    "check_merge_heads", "heads concatenated in order along the features", _MERGES["ok"],
+    _merge_cases, _MERGE_HEADS_MISTAKES,
     hint="Row i of the result must be torch.cat([x[b, 0, i], x[b, 1, i], ...]).",
-    crash_hint="x.transpose(1, 2).reshape(B, L, H·D) works for any B, H, L, D.",
-    atol=0.0,
-    rtol=0.0,
+    crash_hint="x.transpose(1, 2).reshape(B, L, H·D) works for any B, H, L, D.", atol=0.0, rtol=0.0,
     params=("merge_heads",),
     doc="Check ``merge_heads(x)``: (B, H, L, D) -> (B, L, H·D), row i = [head 0 of token i | "
     "head 1 of token i | ...].",
 )
+# fmt: on
+
+_Projs = tuple[nn.Module, nn.Module, nn.Module, nn.Module]  # q_proj, k_proj, v_proj, out_proj
 
 
 @torch.no_grad()
-def _torch_mha(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    q_proj: nn.Linear,
-    k_proj: nn.Linear,
-    v_proj: nn.Linear,
-    out_proj: nn.Linear,
-    num_heads: int,
-) -> Tensor:
-    """torch's multi-head attention, given the projections (q, k, v, out) and num_heads."""
-    out, _ = F.multi_head_attention_forward(
-        query.transpose(0, 1),  # (L, B, E)
-        key.transpose(0, 1),
-        value.transpose(0, 1),
-        query.shape[-1],
-        num_heads,
-        None,
-        torch.cat([q_proj.bias, k_proj.bias, v_proj.bias]),
-        None,
-        None,
-        False,
-        0.0,
-        out_proj.weight,
-        out_proj.bias,
-        training=False,
-        need_weights=False,
-        use_separate_proj_weight=True,
-        q_proj_weight=q_proj.weight,
-        k_proj_weight=k_proj.weight,
-        v_proj_weight=v_proj.weight,
+def _torch_mha(query: Tensor, key: Tensor, value: Tensor, *args: Any) -> Tensor:
+    """torch's multi-head attention; ``args`` = (q_proj, k_proj, v_proj, out_proj, num_heads)."""
+    *projs, num_heads = args
+    weights = {f"{n}_proj_weight": p.weight for n, p in zip("qkv", projs)}
+    bias, out_proj = torch.cat([p.bias for p in projs[:3]]), projs[3]
+    q, k, v = (t.transpose(0, 1) for t in (query, key, value))  # (N, B, width)
+    rest = (query.shape[-1], num_heads, None, bias, None, None, False, 0.0)
+    forward: Any = F.multi_head_attention_forward  # positional: see torch's signature
+    out, _ = forward(
+        q, k, v, *rest, out_proj.weight, out_proj.bias, use_separate_proj_weight=True, **weights
     )
     return out.transpose(0, 1)  # (B, L, E)
 
 
 @torch.no_grad()
 def _mha_variant(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    q_proj: nn.Module,
-    k_proj: nn.Module,
-    v_proj: nn.Module,
-    out_proj: nn.Module,
-    num_heads: int,
-    *,
-    split: str = "ok",
-    merge: str = "ok",
-    scale: str = "head",
-    dim: int = -1,
-    project: bool = True,
-):
+    query: Tensor, key: Tensor, value: Tensor, *projs_and_heads: Any, split: str = "ok",
+    merge: str = "ok", scale: str = "head", dim: int = -1, project: bool = True,
+) -> Tensor:  # fmt: skip
     """Multi-head attention written out: right with the defaults, or with one usual mistake."""
-    H, E = num_heads, query.shape[-1]
-    q, k, v = (
-        _SPLITS[split](p(t), H)  # (B, H, L or S, D)
-        for p, t in zip((q_proj, k_proj, v_proj), (query, key, value))
-    )
-    factor = {"head": 1 / math.sqrt(E // H), "none": 1.0, "model": 1 / math.sqrt(E)}[scale]
-    heads = torch.softmax(q @ k.transpose(-2, -1) * factor, dim=dim) @ v  # (B, H, L, D)
+    *projs, H = projs_and_heads
+    q, k, v = (_SPLITS[split](p(t), H) for p, t in zip(projs, (query, key, value)))  # (B, H, N, D)
+    factor = {"head": 1 / math.sqrt(q.shape[-1]), "none": 1.0, "model": query.shape[-1] ** -0.5}
+    heads = torch.softmax(q @ k.transpose(-2, -1) * factor[scale], dim=dim) @ v  # (B, H, L, D)
     if merge == "none":
         return heads  # the heads never merged
     out = _MERGES[merge](heads)  # (B, L, E)
-    return out_proj(out) if project else out
+    return projs[3](out) if project else out
 
 
+_D = "D = E // num_heads"
 _MHA_MISTAKES: list[tuple[dict[str, Any], str]] = [
     (
         {"split": "flat", "merge": "flat"},
-        "You split and merge the heads with a view and no "
-        "transpose, as the post's second implementation does. " + _HINT_SPLIT_FLAT,
+        f"Split and merge, as the post's second implementation does: {_SPLIT_FLAT}",
     ),
-    ({"split": "flat"}, _HINT_SPLIT_FLAT),
-    ({"merge": "flat"}, "The split is right, the merge is not. " + _HINT_MERGE_FLAT),
-    ({"split": "interleaved", "merge": "interleaved"}, _HINT_INTERLEAVED),
-    (
-        {"scale": "none"},
-        (
-            "The scores are not scaled. Multiply q @ kᵀ by 1/√D, with D = E // "
-            "num_heads the head dim, before the softmax."
-        ),
-    ),
-    (
-        {"scale": "model"},
-        (
-            "You scaled by 1/√E, the model width. Each head is an attention of "
-            "dimension D = E // num_heads, so its scores are scaled by 1/√D."
-        ),
-    ),
-    (
-        {"project": False},
-        (
-            "You returned Concat(head_1, ..., head_h) without the output "
-            "projection W_O. Apply out_proj to the merged heads: it is what mixes "
-            "the heads' results."
-        ),
-    ),
-    (
-        {"dim": -2},
-        (
-            "The softmax runs over the keys (dim=-1, the S axis), so that every query's "
-            "weights sum to 1; you normalised over the queries (dim=-2)."
-        ),
-    ),
-    (
-        {"merge": "none"},
-        (
-            "These are still the per-head outputs (B, H, L, D): merge the heads "
-            "back to (B, L, E) and apply out_proj."
-        ),
-    ),
+    ({"split": "flat"}, _SPLIT_FLAT),
+    ({"merge": "flat"}, f"The split is right, the merge is not. {_MERGE_FLAT}"),
+    ({"split": "interleaved", "merge": "interleaved"}, _INTERLEAVED),
+    ({"scale": "none"}, f"Scale the scores q @ kᵀ by 1/√D, {_D}, before the softmax."),
+    ({"scale": "model"}, f"Scale by 1/√D, {_D} the head dim, not by 1/√E."),
+    ({"project": False}, "Apply out_proj (W_O) to the merged heads: it mixes their results."),
+    ({"dim": -2}, "Softmax over the keys (dim=-1), so that every query's weights sum to 1."),
+    ({"merge": "none"}, "These are the per-head outputs (B, H, L, D): merge, then out_proj."),
 ]
-_HINT_MHA = (
-    "Check each step against the chapter: project, split (view(B, N, H, D).transpose(1, 2)), "
-    "softmax(q @ kᵀ / √D) over the keys, weights @ v, merge (transpose(1, 2).reshape(B, L, E)), "
-    "out_proj."
+_MHA_HINT = (
+    "Check each step: project, split (view(B, N, H, D).transpose(1, 2)), softmax(q @ kᵀ / √D) "
+    "over the keys, weights @ v, merge (transpose(1, 2).reshape(B, L, E)), out_proj."
 )
+_NO_TORCH_MHA = [(F, "multi_head_attention_forward"), (MultiHeadAttention, "forward")]
+_NO_TORCH_MHA_HINT = "write it yourself, without nn.MultiheadAttention or mha.MultiHeadAttention."
 
 
 def _linear(g: torch.Generator, fan_in: int, fan_out: int) -> nn.Linear:
@@ -260,50 +166,39 @@ def _linear(g: torch.Generator, fan_in: int, fan_out: int) -> nn.Linear:
     return layer
 
 
-def _mha_case(
-    g: torch.Generator, label: str, L: int, S: int, H: int, kdim: int = 12, vdim: int = 12
-) -> Case:
-    """``(query, key, value, q_proj, k_proj, v_proj, out_proj, num_heads)``, B = 2, E = 12;
-    self-attention when ``S`` is 0."""
-    projs = (_linear(g, 12, 12), _linear(g, kdim, 12), _linear(g, vdim, 12), _linear(g, 12, 12))
+def _mha_case(g: torch.Generator, label: str, L: int, S: int, H: int, kv: int = 12, v: int = 12):
+    """``(query, key, value, q_proj, k_proj, v_proj, out_proj, H)``, B = 2, E = 12; self-attention
+    when ``S`` is 0."""
+    projs = (_linear(g, 12, 12), _linear(g, kv, 12), _linear(g, v, 12), _linear(g, 12, 12))
     query = _randn(g, 2, L, 12)
-    key, value = (_randn(g, 2, S, kdim), _randn(g, 2, S, vdim)) if S else (query, query)
+    key, value = (_randn(g, 2, S, kv), _randn(g, 2, S, v)) if S else (query, query)
     return Case(label, (query, key, value, *projs, H))
 
 
 def _forward_cases() -> list[Case]:
     g = torch.Generator().manual_seed(32)
+    cross = "query (2, 4, 12), key (2, 7, 7), value (2, 7, 5), num_heads=4"
     return [
         _mha_case(g, "multi_head_forward on self-attention, x (2, 5, 12), num_heads=3", 5, 0, 3),
-        _mha_case(
-            g,
-            "multi_head_forward on cross-attention, query (2, 4, 12), key (2, 7, 7), "
-            "value (2, 7, 5), num_heads=4",
-            4,
-            7,
-            4,
-            kdim=7,
-            vdim=5,
-        ),
+        _mha_case(g, f"multi_head_forward on cross-attention, {cross}", 4, 7, 4, kv=7, v=5),
     ]
 
 
+# fmt: off
 MULTI_HEAD_FORWARD = Exercise(
-    "check_multi_head_forward",
-    "matches torch.nn.MultiheadAttention, self- and cross-attention",
-    _torch_mha,
-    _forward_cases,
+    "check_multi_head_forward", "matches torch.nn.MultiheadAttention, self- and cross-attention",
+    _torch_mha, _forward_cases,
     tuple(Mistake(partial(_mha_variant, **kwargs), hint) for kwargs, hint in _MHA_MISTAKES),
-    hint=_HINT_MHA,
+    hint=_MHA_HINT,
     crash_hint="Name the shapes at every step: (B, L, E) -> (B, H, L, D) -> (B, H, L, S) -> "
     "(B, H, L, D) -> (B, L, E).",
-    atol=1e-4,
-    rtol=1e-4,
-    params=("multi_head_forward",),
-    doc="""Check ``multi_head_forward(query, key, value, q_proj, k_proj, v_proj, out_proj,
-    num_heads) -> (B, L, E)`` against torch's ``nn.MultiheadAttention`` with those weights, on
-    self-attention and on cross-attention with L ≠ S and kdim ≠ vdim ≠ E.""",
+    atol=1e-4, rtol=1e-4, forbidden=_NO_TORCH_MHA, forbidden_hint=_NO_TORCH_MHA_HINT,
+    solution=_mha_variant, params=("multi_head_forward",),
+    doc="Check ``multi_head_forward(query, key, value, q_proj, k_proj, v_proj, out_proj, "
+    "num_heads) -> (B, L, E)`` against torch's ``nn.MultiheadAttention`` with those weights, on "
+    "self-attention and on cross-attention with L ≠ S and kdim ≠ vdim ≠ E.",
 )
+# fmt: on
 
 _POST_LAYERS = ("query_fc", "key_fc", "value_fc", "fc")
 
@@ -319,8 +214,8 @@ def _post_class(**variant: Any) -> type[nn.Module]:
                 setattr(self, name, nn.Linear(d_model, d_model))
 
         def forward(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
-            q_fc, k_fc, v_fc, fc = (getattr(self, name) for name in _POST_LAYERS)
-            return _mha_variant(query, key, value, q_fc, k_fc, v_fc, fc, self.num_heads, **variant)
+            layers = (getattr(self, name) for name in _POST_LAYERS)
+            return _mha_variant(query, key, value, *layers, self.num_heads, **variant)
 
     return Post
 
@@ -350,31 +245,25 @@ def _run_post_class(cls: type, case: Case) -> object:
 
 def _seed_fix_cases() -> list[Case]:
     g = torch.Generator().manual_seed(33)
-    self_case = _mha_case(
-        g, "the repaired module on self-attention, x of shape (2, 5, 12)", 5, 0, 3
-    )
+    own = _mha_case(g, "the repaired module on self-attention, x of shape (2, 5, 12)", 5, 0, 3)
     query, key = _randn(g, 2, 4, 12), _randn(g, 2, 7, 12)
     label = "the repaired module on cross-attention, query (2, 4, 12), key and value (2, 7, 12)"
-    return [self_case, Case(label, (query, key, key, *self_case.args[3:]))]
+    return [own, Case(label, (query, key, key, *own.args[3:]))]
 
 
+# fmt: off
 SEED_MHA_FIX = Exercise(
-    "check_seed_mha_fix",
-    "the post's class now matches torch.nn.MultiheadAttention",
-    _torch_mha,
-    _seed_fix_cases,
-    tuple(Mistake(_post_class(**kwargs), hint) for kwargs, hint in _MHA_MISTAKES),
-    hint=_HINT_MHA,
+    "check_seed_mha_fix", "the post's class now matches torch.nn.MultiheadAttention", _torch_mha,
+    _seed_fix_cases, tuple(Mistake(_post_class(**kwargs), hint) for kwargs, hint in _MHA_MISTAKES),
+    hint=_MHA_HINT,
     crash_hint="Split with view(B, N, H, D).transpose(1, 2), merge with transpose(1, 2).reshape.",
-    atol=1e-4,
-    rtol=1e-4,
-    call=_run_post_class,
-    solution=_post_class(),
-    params=("cls",),
-    doc="""Check a repaired version of the post's class ``MultiHeadAttention(d_model, num_heads)``
-    (layers ``query_fc``, ``key_fc``, ``value_fc``, ``fc``; ``forward(query, key, value)``) against
-    torch's ``nn.MultiheadAttention`` with the same weights, self- and cross-attention.""",
+    atol=1e-4, rtol=1e-4, call=_run_post_class, forbidden=_NO_TORCH_MHA,
+    forbidden_hint=_NO_TORCH_MHA_HINT, solution=_post_class(), params=("cls",),
+    doc="Check a repaired version of the post's class ``MultiHeadAttention(d_model, num_heads)`` "
+    "(layers ``query_fc``, ``key_fc``, ``value_fc``, ``fc``; ``forward(query, key, value)``) "
+    "against torch's ``nn.MultiheadAttention`` with the same weights, self- and cross-attention.",
 )
+# fmt: on
 
 #: The module and inputs of the "predict the shapes" exercise.
 SHAPE_EXERCISE: dict[str, Any] = {
@@ -391,13 +280,11 @@ def _true_shapes() -> dict[str, object]:
     """Build the module of :data:`SHAPE_EXERCISE`, run it, and read off the shapes."""
     with torch.random.fork_rng(devices=[]):
         module = MultiHeadAttention(**SHAPE_EXERCISE["module"])
+    inputs = (torch.zeros(*SHAPE_EXERCISE[n]) for n in ("query", "key", "value"))
     with torch.no_grad():
-        out, weights = module(
-            *(torch.zeros(*SHAPE_EXERCISE[n]) for n in ("query", "key", "value")), need_weights=True
-        )
-    truth = {n: tuple(p.shape) for n, p in module.named_parameters() if n in _WEIGHTS}
+        out, weights = module(*inputs, need_weights=True)
     return {
-        **truth,
+        **{n: tuple(p.shape) for n, p in module.named_parameters() if n in _WEIGHTS},
         "weights": tuple(weights.shape),
         "out": tuple(out.shape),
         "num_parameters": sum(p.numel() for p in module.parameters()),
@@ -406,11 +293,7 @@ def _true_shapes() -> dict[str, object]:
 
 def _as_predictions(predictions: object) -> tuple[object, ...]:
     """The predictions in the order of ``_SHAPE_KEYS``, each a shape tuple or an int."""
-    if not isinstance(predictions, dict):
-        raise ExerciseError(f"predictions should be a dict, got {type(predictions).__name__}.")
-    missing = [k for k in _SHAPE_KEYS if k not in predictions]
-    if missing:
-        raise ExerciseError(f"predictions is missing {', '.join(missing)}.")
+    predictions = as_mapping(predictions, _SHAPE_KEYS)
     for name, value in predictions.items():
         if value is ... or (isinstance(value, (tuple, list)) and ... in value):
             raise ExerciseError(f"Replace the ... in predictions[{name!r}] by your prediction.")
@@ -420,47 +303,30 @@ def _as_predictions(predictions: object) -> tuple[object, ...]:
     )
 
 
-_HINT_KV = (
-    "k_proj and v_proj read kdim / vdim features and produce num_kv_heads·D features (D = "
-    "embed_dim // num_heads): with fewer key/value heads they are smaller than q_proj."
-)
-_HINT_QO = "q_proj maps E to E (H heads of D), and out_proj maps the concatenated heads (E) to E."
-
+_KV = "k_proj and v_proj map kdim / vdim to num_kv_heads·D features (D = embed_dim // num_heads)."
+_QO = "q_proj maps E to E (H heads of D), and out_proj maps the concatenated heads (E) to E."
+# fmt: off
 MHA_SHAPE_PREDICTIONS = Exercise(
-    "check_mha_shape_predictions",
-    f"all {len(_SHAPE_KEYS)} predictions match the running module",
+    "check_mha_shape_predictions", f"all {len(_SHAPE_KEYS)} predictions match the running module",
     _true_shapes,
-    mistakes=tuple(
-        Mistake(
-            lambda t, n=n: {**t, n: t[n][::-1]},
-            "nn.Linear stores its weight as (out_features, in_features).",
-        )
-        for n in ("k_proj.weight", "v_proj.weight")  # q_proj and out_proj are square
+    mistakes=tuple(  # q_proj and out_proj are square
+        Mistake(lambda t, n=n: {**t, n: t[n][::-1]}, "nn.Linear's weight is (out, in) features.")
+        for n in ("k_proj.weight", "v_proj.weight")
     ),
     hint={
-        "q_proj.weight": _HINT_QO,
-        "k_proj.weight": _HINT_KV,
-        "v_proj.weight": _HINT_KV,
-        "out_proj.weight": _HINT_QO,
-        "weights": "one (L, S) matrix per *query* head: the key/value heads are shared "
-        "(repeated), the weights are not. Rows are queries (L), columns keys (S).",
+        **dict.fromkeys(_WEIGHTS[1:3], _KV),
+        **dict.fromkeys(_WEIGHTS[::3], _QO),
+        "weights": "one (L, S) matrix per *query* head: key/value heads are shared, weights not.",
         "out": "one row of width E per query: (B, L, E), whatever kdim, vdim or S are.",
-        "num_parameters": "count weights and biases of the four projections: "
+        "num_parameters": "count the four projections' weights and biases: "
         "out_features·(in_features + 1) each.",
     },
-    outputs=_SHAPE_KEYS,
-    prediction=True,
-    report_all=True,
-    convert=_as_predictions,
+    outputs=_SHAPE_KEYS, prediction=True, report_all=True, convert=_as_predictions,
     params=("predictions",),
-    doc="""Check predicted shapes (``q_proj.weight``, ``k_proj.weight``, ``v_proj.weight``,
-    ``out_proj.weight``, ``weights``, ``out``) and ``num_parameters`` of :data:`SHAPE_EXERCISE`'s
-    ``mha.MultiHeadAttention``, by building and running it.""",
+    doc="Check predicted shapes (the four ``*_proj.weight``, ``weights``, ``out``) and "
+    "``num_parameters`` of :data:`SHAPE_EXERCISE`'s ``mha.MultiHeadAttention``, by running it.",
 )
+# fmt: on
 
 EXERCISES = (SPLIT_HEADS, MERGE_HEADS, MULTI_HEAD_FORWARD, SEED_MHA_FIX, MHA_SHAPE_PREDICTIONS)
-check_split_heads = SPLIT_HEADS.checker()
-check_merge_heads = MERGE_HEADS.checker()
-check_multi_head_forward = MULTI_HEAD_FORWARD.checker()
-check_seed_mha_fix = SEED_MHA_FIX.checker()
-check_mha_shape_predictions = MHA_SHAPE_PREDICTIONS.checker()
+publish(globals(), EXERCISES)

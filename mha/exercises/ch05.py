@@ -7,7 +7,6 @@ normalised too early, NaN on hidden rows, no append, the wrong causal alignment.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from functools import cache, partial
 from typing import Any
 
@@ -15,49 +14,31 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+import mha
+
+from .. import flash
 from ..hardware import sdpa_backends
-from ._harness import Case, Exercise, ExerciseError, Mistake
+from ._harness import Case, Exercise, ExerciseError, Mistake, as_mapping, publish
 
-_HINT_ACC_RESCALE = (
-    "acc was accumulated relative to the old maximum: rescale it by exp(m - m_new) before adding "
-    "this tile, acc_new = exp(m - m_new) * acc + exp(scores - m_new) @ value. Without it, tiles "
-    "seen before the maximum grew get weights that are too large."
-)
-_HINT_L_RESCALE = (
-    "l was measured relative to the old maximum. When the maximum grows, shrink it first: "
-    "l_new = exp(m - m_new) * l + exp(scores - m_new).sum(-1, keepdim=True)."
-)
-_HINT_M = (
-    "m is the running maximum: m_new = torch.maximum(m, scores.amax(-1, keepdim=True)) — the "
-    "larger of the old maximum and this tile's row maximum."
-)
+_ACC = "acc_new = exp(m - m_new) * acc + exp(scores - m_new) @ value"
+_HINT_ACC_RESCALE = f"Rescale the old acc to the new maximum: {_ACC}."
+_HINT_L_RESCALE = "Rescale the old l: l_new = exp(m - m_new) * l + exp(scores - m_new).sum(-1)."
+_HINT_M = "m is the running maximum: m_new = torch.maximum(m, scores.amax(-1, keepdim=True))."
 
 
-def _update(
-    m: Tensor,
-    l: Tensor,
-    acc: Tensor,
-    scores: Tensor,
-    value: Tensor,
-    *,
-    guard: bool = True,
-    running_max: bool = True,
-    rescale_l: bool = True,
-    rescale_acc: bool = True,
-    normalised: bool = False,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """One online-softmax update: right with the defaults, or with one of the usual slips."""
+def _update(m: Tensor, l: Tensor, acc: Tensor, scores: Tensor, value: Tensor, **slip: bool):
+    """One online-softmax update: right without ``slip``, or with one of the usual slips."""
     tile_max = scores.amax(-1, keepdim=True)  # (..., R, 1)
     m_new = torch.maximum(m, tile_max)
     # A row that has seen only hidden keys keeps m = -inf: shift by 0 there, or exp gives NaN.
-    shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new) if guard else m_new
+    shift = m_new if slip.get("no_guard") else torch.where(torch.isneginf(m_new), 0.0, m_new)
     p = torch.exp(scores - shift)  # (..., R, C) this tile's unnormalised weights
     alpha = torch.exp(m - shift)  # (..., R, 1) how much the old state shrinks
-    l_new = (alpha if rescale_l else 1.0) * l + p.sum(-1, keepdim=True)  # (..., R, 1)
-    acc_new = (alpha if rescale_acc else 1.0) * acc + p @ value  # (..., R, Dv)
-    if normalised:  # FlashAttention-1's normalised output, kept in the slot of acc
+    l_new = (1.0 if slip.get("keep_l") else alpha) * l + p.sum(-1, keepdim=True)  # (..., R, 1)
+    acc_new = (1.0 if slip.get("keep_acc") else alpha) * acc + p @ value  # (..., R, Dv)
+    if slip.get("normalised"):  # FlashAttention-1's normalised output, kept in the slot of acc
         acc_new = acc_new / l_new.clamp_min(1e-30)
-    return (m_new if running_max else tile_max), l_new, acc_new
+    return (tile_max if slip.get("tile_max") else m_new), l_new, acc_new
 
 
 def _state(scores: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -92,68 +73,46 @@ def _online_cases() -> list[Case]:
     return cases
 
 
+# fmt: off
+_ONLINE_SOFTMAX_UPDATE_MISTAKES = (
+    Mistake(partial(_update, keep_acc=True), _HINT_ACC_RESCALE),
+    Mistake(partial(_update, keep_l=True), _HINT_L_RESCALE),
+    Mistake(partial(_update, normalised=True),
+            "acc is the *unnormalised* sum; divide by l once, after the last tile."),
+    Mistake(partial(_update, no_guard=True),
+            "exp(-inf - (-inf)) is NaN: where m_new is -inf subtract 0 (torch.where(torch.isneginf(m_new), 0, m_new))."),
+    Mistake(partial(_update, tile_max=True), _HINT_M),
+)
 ONLINE_SOFTMAX_UPDATE = Exercise(
     "check_online_softmax_update",
     "3 tiles, the state matches softmax(scores) @ value after every tile, hidden rows included",
-    _update,
-    _online_cases,
-    (
-        Mistake(partial(_update, rescale_acc=False), _HINT_ACC_RESCALE),
-        Mistake(partial(_update, rescale_l=False), _HINT_L_RESCALE),
-        Mistake(
-            partial(_update, normalised=True),
-            "acc is the *unnormalised* numerator sum(exp(score - m) * value); divide by l only "
-            "once, after the last tile (out = acc / l).",
-        ),
-        Mistake(
-            partial(_update, guard=False),
-            "A row whose keys so far were all hidden has m = -inf, and exp(-inf - (-inf)) is "
-            "NaN. Where m_new is -inf, subtract 0 instead of m_new (torch.where("
-            "torch.isneginf(m_new), 0, m_new)): then every exp is exactly 0 and the row stays "
-            "m = -inf, l = 0, acc = 0.",
-        ),
-        Mistake(partial(_update, running_max=False), _HINT_M),
-    ),
-    hint={
-        "m": _HINT_M,
-        "l": "l is the running denominator sum(exp(score - m)) over every key seen so far, "
-        "relative to the current maximum m_new. " + _HINT_L_RESCALE,
-        "acc": "acc_new = exp(m - m_new) * acc + exp(scores - m_new) @ value. " + _HINT_ACC_RESCALE,
-    },
-    outputs=("m", "l", "acc"),
+    _update, _online_cases, _ONLINE_SOFTMAX_UPDATE_MISTAKES,
+    hint={"m": _HINT_M, "l": _HINT_L_RESCALE, "acc": _HINT_ACC_RESCALE}, outputs=("m", "l", "acc"),
+    forbidden=[(m, "online_softmax_update") for m in (mha, flash)],
+    forbidden_hint="write the update yourself, without mha.online_softmax_update.",
     params=("update",),
     doc="Check ``update(m, l, acc, scores, value) -> (m, l, acc)``, one tile of online softmax "
     "(shapes as in :func:`mha.online_softmax_update`): after every tile, the exact state of all "
     "the scores seen so far.",
 )
+# fmt: on
 
+_BOTTOM_RIGHT = "the bottom-right mask torch.ones(T, S, dtype=torch.bool).tril(S - T)"
 _HINT_TOP_LEFT = (
-    "is_causal=True in PyTorch is aligned top-left: query 0 sees key 0 only. With a cache the T "
-    "new queries are the *last* T positions of the S keys, so query i may see keys 0..S-T+i: use "
-    "the bottom-right mask torch.ones(T, S, dtype=torch.bool).tril(S - T) as attn_mask."
+    f"is_causal is top-left; the T new queries are the last T of S: use {_BOTTOM_RIGHT}."
 )
 
 
-def _step(
-    q: Tensor,
-    k_new: Tensor,
-    v_new: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    *,
-    mask: str = "bottom-right",
-    keys: str = "all",
-    append: bool = True,
-):
-    """One decoding step: right with the defaults, or with one of the usual slips."""
+def _step(q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor, **slip: Any):
+    """One decoding step: right without ``slip``, or with one of the usual slips."""
     k = torch.cat([k_cache, k_new], dim=-2)  # (B, H, S, D)
     v = torch.cat([v_cache, v_new], dim=-2)  # (B, H, S, D)
-    k_seen, v_seen = (k, v) if keys == "all" else (k_new, v_new)
+    k_seen, v_seen = (k_new, v_new) if slip.get("keys") == "new" else (k, v)
     T, S = q.shape[-2], k_seen.shape[-2]
     ones = torch.ones(T, S, dtype=torch.bool)  # (T, S)
-    attn_mask = {"bottom-right": ones.tril(S - T), "top-left": ones.tril(), "none": None}[mask]
-    out = F.scaled_dot_product_attention(q, k_seen, v_seen, attn_mask=attn_mask)  # (B, H, T, D)
-    return (out, k, v) if append else (out, k_cache, v_cache)
+    masks = {"bottom-right": ones.tril(S - T), "top-left": ones.tril(), "none": None}
+    out = F.scaled_dot_product_attention(q, k_seen, v_seen, masks[slip.get("mask", "bottom-right")])
+    return (out, k_cache, v_cache) if slip.get("append") is False else (out, k, v)
 
 
 def _kv_cases() -> list[Case]:
@@ -173,44 +132,31 @@ def _kv_cases() -> list[Case]:
     return cases
 
 
+# fmt: off
+_KV_CACHE_STEP_MISTAKES = (
+    Mistake(partial(_step, append=False),
+            "Return the grown cache, torch.cat([k_cache, k_new], dim=-2) (the same for v)."),
+    Mistake(partial(_step, keys="new", mask="top-left"),
+            "Attend over the whole cache (old and new tokens), after appending."),
+    Mistake(partial(_step, mask="top-left"), _HINT_TOP_LEFT),
+    Mistake(partial(_step, mask="none"),
+            f"A chunk's queries must not see later new tokens: {_BOTTOM_RIGHT}."),
+)
 KV_CACHE_STEP = Exercise(
     "check_kv_cache_step",
-    "9 tokens decoded in steps of [4, 1, 1, 1, 2] equal one causal pass over the sequence",
-    _step,
-    _kv_cases,
-    (
-        Mistake(
-            partial(_step, append=False),
-            "Append this step's keys and values to the cache along the sequence axis "
-            "(torch.cat([k_cache, k_new], dim=-2), the same for v) and return the grown "
-            "cache: the next step must see every token so far.",
-        ),
-        Mistake(
-            partial(_step, keys="new", mask="top-left"),
-            "The queries attended only to this step's tokens. Attend over the whole cache "
-            "(the old tokens and the new ones), after appending.",
-        ),
-        Mistake(partial(_step, mask="top-left"), _HINT_TOP_LEFT),
-        Mistake(
-            partial(_step, mask="none"),
-            "With several new tokens in one step (a prompt chunk), each new query must not "
-            "see the new tokens after it: pass the bottom-right causal mask "
-            "torch.ones(T, S, dtype=torch.bool).tril(S - T).",
-        ),
-    ),
+    "9 tokens decoded in steps of [4, 1, 1, 1, 2] equal one causal pass over the sequence", _step,
+    _kv_cases, _KV_CACHE_STEP_MISTAKES,
     hint={
-        "out": "After appending, attend from the new queries to the whole cache with a "
-        "bottom-right causal mask. " + _HINT_TOP_LEFT,
+        "out": f"Attend to the whole cache after appending, with {_BOTTOM_RIGHT}.",
         **dict.fromkeys(
-            ("k_cache", "v_cache"),
-            "The returned caches hold every token so far: torch.cat([cache, new], dim=-2).",
+            ("k_cache", "v_cache"), "Return every token so far: torch.cat(..., dim=-2)."
         ),
     },
-    outputs=("out", "k_cache", "v_cache"),
-    params=("step",),
+    outputs=("out", "k_cache", "v_cache"), params=("step",),
     doc="Check ``step(q, k_new, v_new, k_cache, v_cache) -> (out, k_cache, v_cache)`` (B, H, T, "
     "D) against one causal SDPA pass: a prompt of 4 tokens, 3 single tokens, a chunk of 2.",
 )
+# fmt: on
 
 #: The inputs of the prediction exercise: name -> what is special about them.
 SDPA_CASES: dict[str, str] = {
@@ -238,22 +184,16 @@ def sdpa_case_inputs(name: str) -> tuple[tuple[Tensor, Tensor, Tensor], dict[str
         raise ValueError(f"name must be one of {list(SDPA_CASES)}, got {name!r}")
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, 128, 64, generator=g) for _ in range(3))  # (B, H, L, D)
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {"causal": {"is_causal": True}, "dropout": {"dropout_p": 0.1}}
     if name == "bool_mask":
-        kwargs["attn_mask"] = torch.rand(128, 128, generator=g) > 0.3
-    elif name == "causal":
-        kwargs["is_causal"] = True
-    elif name == "bfloat16":
-        q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
-    elif name == "three_dims":
-        q, k, v = q.reshape(8, 128, 64), k.reshape(8, 128, 64), v.reshape(8, 128, 64)
-    elif name == "dropout":
-        kwargs["dropout_p"] = 0.1
+        kwargs[name] = {"attn_mask": torch.rand(128, 128, generator=g) > 0.3}
+    elif name in ("bfloat16", "three_dims"):
+        q, k, v = (t.bfloat16() if name == "bfloat16" else t.reshape(8, 128, 64) for t in (q, k, v))
     elif name == "value_dim":
         v = v[..., :32].contiguous()
     elif name == "strided_last_dim":
         q = torch.randn(2, 4, 128, 128, generator=g)[..., ::2]  # (2, 4, 128, 64), stride 2
-    return (q, k, v), kwargs
+    return (q, k, v), kwargs.get(name, {})
 
 
 @cache  # the answer depends only on this machine and this torch
@@ -270,9 +210,8 @@ def _cpu_backend(name: str) -> tuple[str, str]:
 
 
 _HINT_FLASH = (
-    "The CPU flash kernel accepts masks (bool or float), is_causal, and float32, float64, "
-    "bfloat16 and float16 inputs; what it needs is a contiguous last dim, equal head dims and no "
-    "dropout (and, up to torch 2.13, 4-D tensors: torch 2.14 runs it on 3-D ones too)."
+    "The CPU flash kernel takes masks, is_causal and any float dtype; it needs a contiguous last "
+    "dim, equal head dims, no dropout (and up to torch 2.13 4-D tensors)."
 )
 
 
@@ -284,18 +223,7 @@ def _backend_hint(case: str) -> str:
 
 
 def _as_backends(predictions: object) -> tuple[str, ...]:
-    if not isinstance(predictions, Mapping):
-        raise ExerciseError(
-            "predictions should be a dict {case: 'flash' or 'math'}, got "
-            f"{type(predictions).__name__}."
-        )
-    missing = [c for c in SDPA_CASES if c not in predictions]
-    unknown = [c for c in predictions if c not in SDPA_CASES]
-    if missing or unknown:
-        raise ExerciseError(
-            f"predictions should have exactly the keys {list(SDPA_CASES)}; missing {missing}, "
-            f"unknown {unknown}."
-        )
+    predictions = as_mapping(predictions, list(SDPA_CASES))
     for case, guess in predictions.items():
         if guess not in ("flash", "math"):
             raise ExerciseError(
@@ -304,6 +232,10 @@ def _as_backends(predictions: object) -> tuple[str, ...]:
     return tuple(predictions[c] for c in SDPA_CASES)
 
 
+# fmt: off
+_SDPA_BACKEND_PREDICTION_MISTAKES = (
+    Mistake(lambda truth: {**truth, "bool_mask": "math"}, _HINT_FLASH),
+)
 SDPA_BACKEND_PREDICTION = Exercise(
     "check_sdpa_backend_prediction",
     lambda want: (
@@ -311,18 +243,12 @@ SDPA_BACKEND_PREDICTION = Exercise(
         f"{want.count('math')} math)"
     ),
     lambda: {case: _cpu_backend(case)[0] for case in SDPA_CASES},
-    mistakes=(Mistake(lambda truth: {**truth, "bool_mask": "math"}, _HINT_FLASH),),
-    hint=_backend_hint,
-    outputs=tuple(SDPA_CASES),
-    prediction=True,
-    report_all=True,
-    convert=_as_backends,
-    params=("predictions",),
+    mistakes=_SDPA_BACKEND_PREDICTION_MISTAKES, hint=_backend_hint, outputs=tuple(SDPA_CASES),
+    prediction=True, report_all=True, convert=_as_backends, params=("predictions",),
     doc="Check a prediction {case: 'flash' or 'math'} for every case of ``SDPA_CASES``, against "
     "the kernel torch picks on this machine's CPU (:func:`mha.hardware.sdpa_backends`).",
 )
+# fmt: on
 
 EXERCISES = (ONLINE_SOFTMAX_UPDATE, KV_CACHE_STEP, SDPA_BACKEND_PREDICTION)
-check_online_softmax_update = ONLINE_SOFTMAX_UPDATE.checker()
-check_kv_cache_step = KV_CACHE_STEP.checker()
-check_sdpa_backend_prediction = SDPA_BACKEND_PREDICTION.checker()
+publish(globals(), EXERCISES)

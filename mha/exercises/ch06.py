@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ..masks import sliding_window_mask
-from ._harness import Case, Exercise, ExerciseError, Mistake, as_int, difference
+from ._harness import Case, Exercise, ExerciseError, Mistake, as_int, difference, publish
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -41,27 +41,12 @@ def _work(B: int, H: int, L: int, S: int, bm: int, bn: int, causal: bool) -> tup
     return n_m * B * H, tiles * B * H
 
 
-def _count_work(
-    B: int,
-    H: int,
-    L: int,
-    S: int,
-    bm: int,
-    bn: int,
-    causal: bool,
-    *,
-    grid: str = "ok",
-    stop: str = "ragged",
-) -> tuple[int, int]:
-    """The kernel's arithmetic (the chapter's solution), or one of its usual slips."""
+def _count_work(B: int, H: int, L: int, S: int, bm: int, bn: int, causal: bool, **slip: str):
+    """The kernel's arithmetic (the chapter's solution), or one of its usual ``slip``s."""
     n_m = _cdiv(L, bm)
-    programs = {
-        "ok": n_m * B * H,
-        "one axis": n_m,
-        "floor": L // bm * B * H,
-        "tiles": n_m * _cdiv(S, bn) * B * H,
-    }[grid]
-    last = {"ragged": L, "square": S}[stop]  # the causal loop of query tile i stops below this
+    grid = {"ok": n_m * B * H, "one axis": n_m, "floor": L // bm * B * H}
+    programs = {**grid, "tiles": n_m * _cdiv(S, bn) * B * H}[slip.get("grid", "ok")]
+    last = S if slip.get("stop") == "square" else L  # query tile i's causal loop stops below
     steps = sum(_cdiv(min(S, last, (i + 1) * bm) if causal else S, bn) for i in range(n_m))
     return programs, steps * B * H
 
@@ -77,44 +62,28 @@ _WORK_CASES = [  # B, H, L, S, block_m, block_n, is_causal
     (1, 12, 200, 200, 16, 16, False),
 ]
 
+# fmt: off
+_TILE_COUNTS_MISTAKES = (
+    Mistake(partial(_count_work, grid="one axis"), "One program per (query tile, B·H) pair."),
+    Mistake(partial(_count_work, grid="floor"), "Round up: the ragged last tile needs a program."),
+    Mistake(partial(_count_work, grid="tiles"),
+            "Programs loop over key tiles: grid (cdiv(L, block_m), B * H)."),
+    Mistake(lambda B, H, L, S, bm, bn, causal: _count_work(B, H, L, S, bm, bn, False),
+            "With is_causal the loop stops at the diagonal, below min(S, L, (start_m + 1) * block_m)."),
+    Mistake(partial(_count_work, stop="square"), "The ragged last query tile stops at row L - 1."),
+)
 TILE_COUNTS = Exercise(
-    "check_tile_counts",
-    f"grid and tile counts right in all {len(_WORK_CASES)} configurations",
+    "check_tile_counts", f"grid and tile counts right in all {len(_WORK_CASES)} configurations",
     _work,
     lambda: [
         Case("count_work({}, {}, {}, {}, block_m={}, block_n={}, is_causal={})".format(*c), c)
         for c in _WORK_CASES
     ],
-    (
-        Mistake(
-            partial(_count_work, grid="one axis"),
-            "The grid has a second axis: one program per (query tile, batch·head) pair.",
-        ),
-        Mistake(
-            partial(_count_work, grid="floor"),
-            "The last query tile is ragged but still needs a program: round up, "
-            "cdiv(L, block_m) = -(-L // block_m).",
-        ),
-        Mistake(
-            partial(_count_work, grid="tiles"),
-            "Key tiles are not programs: each program loops over them. The grid is "
-            "(cdiv(L, block_m), B * H).",
-        ),
-        Mistake(
-            lambda B, H, L, S, bm, bn, causal: _count_work(B, H, L, S, bm, bn, False),
-            "With is_causal the loop stops at the diagonal: a query tile ending at row r "
-            "visits only the key tiles starting below min(S, L, r + 1).",
-        ),
-        Mistake(
-            partial(_count_work, stop="square"),
-            "Too many: the last query tile is ragged (its rows stop at L - 1), and a key tile "
-            "is visited only if it starts below min(S, L, (start_m + 1) * block_m).",
-        ),
-    ),
+    _TILE_COUNTS_MISTAKES,
     hint={
         "programs": "The grid is (cdiv(L, block_m), B * H); count its programs.",
-        "kv_tiles": "Each program takes cdiv(hi, block_n) loop steps, hi = S without a mask and "
-        "min(S, L, (start_m + 1) * block_m) with is_causal; sum them over all programs.",
+        "kv_tiles": "Each program takes cdiv(hi, block_n) steps, hi = S, or with is_causal "
+        "min(S, L, (start_m + 1) * block_m).",
     },
     outputs=("programs", "kv_tiles"),
     convert=lambda out: (
@@ -122,32 +91,20 @@ TILE_COUNTS = Exercise(
         if (isinstance(out, tuple) and len(out) == 2)
         else out
     ),
-    solution=_count_work,
-    params=("count_work",),
+    solution=_count_work, params=("count_work",),
     doc="Check ``count_work(B, H, L, S, block_m, block_n, is_causal) -> (programs, kv_tiles)`` "
     "against a count of the key tiles a real keep-mask needs.",
 )
+# fmt: on
 
 
-def _kv_range(
-    m: int, bm: int, bn: int, L: int, S: int, window: int, *, lo: str = "down", hi: str = "tight"
-) -> tuple[int, int]:
+def _kv_range(m: int, bm: int, bn: int, L: int, S: int, window: int, **slip: str):
     """The loop bounds of query tile ``m`` (the chapter's solution), or one of the usual slips."""
-    first = m * bm - window + 1  # the first key the tile's first row sees
-    lo_ = {
-        "down": max(0, first) // bn * bn,
-        "exact": max(0, first),
-        "unclamped": first // bn * bn,
-        "zero": 0,
-        "up": min(S, _cdiv(max(0, first), bn) * bn),
-    }[lo]
-    hi_ = {
-        "tight": min(S, L, (m + 1) * bm),
-        "ragged": min(S, (m + 1) * bm),
-        "S": S,
-        "diagonal": m * bm,
-    }[hi]
-    return lo_, hi_
+    first = max(0, m * bm - window + 1)  # the first key the tile's first row sees
+    lo = {"down": first // bn * bn, "exact": first, "zero": 0, "up": _cdiv(first, bn) * bn}
+    lo["unclamped"] = (m * bm - window + 1) // bn * bn
+    hi = {"tight": min(S, L, (m + 1) * bm), "ragged": min(S, (m + 1) * bm), "S": S}
+    return min(S, lo[slip.get("lo", "down")]), {**hi, "diagonal": m * bm}[slip.get("hi", "tight")]
 
 
 _LENGTHS = [(100, 100), (40, 100), (64, 64), (130, 130), (17, 23)]  # L <= S: each query sees itself
@@ -177,55 +134,33 @@ def _visited_tiles(kv_tile_range: Callable[..., object], case: Case) -> object:
     return out and tuple(range(as_int(out[0], "lo"), as_int(out[1], "hi"), case.args[2]))
 
 
-_SKIP = "The result stays right, but the skip is the point: "
-_WRONG = "The kernel would skip a key tile some row needs and compute a wrong result: "
+_SKIP = "Right result, but the skip is the point: "
+_WRONG = "This skips a key tile some row needs: "
 
+# fmt: off
+_KV_TILE_RANGE_MISTAKES = (
+    Mistake(partial(_kv_range, lo="exact"), "Tiles start at multiples of BLOCK_N: round down."),
+    Mistake(partial(_kv_range, lo="unclamped"), "Clamp lo with max(0, ...): no negative keys."),
+    Mistake(partial(_kv_range, lo="zero"),
+            _SKIP + "no row sees a key below first_row - window + 1."),
+    Mistake(partial(_kv_range, hi="ragged"), _SKIP + "the ragged last tile's rows stop at L - 1."),
+    Mistake(partial(_kv_range, hi="S"), _SKIP + "no row sees a key past the tile's last row."),
+    Mistake(partial(_kv_range, lo="up"), _WRONG + "round the first visible key *down*."),
+    Mistake(partial(_kv_range, hi="diagonal"), _WRONG + "the last row sees keys up to itself."),
+)
 KV_TILE_RANGE = Exercise(
     "check_kv_tile_range",
     f"exactly the needed key tiles in all {len(_LENGTHS) * len(_WINDOWS) * len(_BLOCKS)} "
     "configurations, every query tile",
-    _kv_range,
-    _window_cases,
-    (
-        Mistake(
-            partial(_kv_range, lo="exact"),
-            "Key tiles start at multiples of BLOCK_N. Round down: lo // BLOCK_N * BLOCK_N.",
-        ),
-        Mistake(
-            partial(_kv_range, lo="unclamped"),
-            "Negative key positions would be read out of bounds (the kernel's load mask only "
-            "checks < S). Clamp with max(0, ...).",
-        ),
-        Mistake(
-            partial(_kv_range, lo="zero"),
-            _SKIP + "lo can start higher, no row of the query "
-            "tile sees a key below first_row - window + 1.",
-        ),
-        Mistake(
-            partial(_kv_range, hi="ragged"),
-            _SKIP + "hi can stop lower, the last query tile is ragged (its rows stop at L - 1).",
-        ),
-        Mistake(
-            partial(_kv_range, hi="S"),
-            _SKIP + "hi can stop lower, no row of the query tile sees a key past its last row.",
-        ),
-        Mistake(
-            partial(_kv_range, lo="up"),
-            _WRONG + "lo is too large, round the first key the tile's first row sees *down*.",
-        ),
-        Mistake(
-            partial(_kv_range, hi="diagonal"),
-            _WRONG + "hi is too small, the last row of the query tile sees keys up to itself.",
-        ),
-    ),
+    _kv_range, _window_cases, _KV_TILE_RANGE_MISTAKES,
     hint="Visit exactly the key tiles holding a key that some row of the query tile sees: row i "
     "sees keys i - window + 1 .. i.",
-    call=_visited_tiles,
-    params=("kv_tile_range",),
+    call=_visited_tiles, params=("kv_tile_range",),
     doc="Check ``kv_tile_range(start_m, BLOCK_M, BLOCK_N, L, S, window) -> (lo, hi)``: "
     "``range(lo, hi, BLOCK_N)`` must visit exactly the key tiles causal sliding-window attention "
     "needs.",
 )
+# fmt: on
 
 
 _UNWRITTEN = -7.0  # what the output holds before the kernel runs: no softmax value is negative
@@ -271,22 +206,13 @@ def _softmax_kernel_hint(x: Tensor, y: Tensor) -> str:
     """Name the slip that explains a wrong output ``y`` of the kernel on ``x``."""
     n_rows, n_cols = x.shape
     if (y == _UNWRITTEN).all(1).any():
-        return (
-            "some rows were never written: each program handles the row tl.program_id(0) and "
-            "stores all its n_cols values."
-        )
+        return "some rows were never written: program tl.program_id(0) stores its whole row."
     if not torch.isfinite(y).all():
-        return (
-            "exp overflowed (exp(89) is already inf in float32): subtract the row maximum, "
-            "tl.max(x, axis=0), before tl.exp."
-        )
+        return "exp overflowed: subtract the row maximum, tl.max(x, axis=0), before tl.exp."
     block = 1 << (n_cols - 1).bit_length()
     padded = torch.cat([x, torch.zeros(n_rows, block - n_cols)], 1)  # lanes past n_cols read as 0
     if block > n_cols and torch.allclose(y, torch.softmax(padded, -1)[:, :n_cols], atol=1e-6):
-        return (
-            "the lanes past n_cols count in your sum: load them with other=-float('inf') so that "
-            "exp gives 0 there."
-        )
+        return "lanes past n_cols count in your sum: load them with other=-float('inf')."
     # What a kernel reads that steps n_cols (not stride_x) elements from one row to the next:
     packed = x.as_strided((n_rows, n_cols), (n_cols, 1))  # (n_rows, n_cols)
     if x.stride(0) != n_cols and torch.allclose(y, torch.softmax(packed, -1), atol=1e-6):
@@ -319,15 +245,13 @@ def _check_softmax_kernel(kernel: Any) -> str:  # a Triton kernel, checked by _k
     return "ragged rows, large logits and strided rows all right"
 
 
+# fmt: off
 SOFTMAX_KERNEL = Exercise(
-    "check_softmax_kernel",
-    "",
-    None,
-    custom=_check_softmax_kernel,
-    params=("kernel",),
+    "check_softmax_kernel", "", None, custom=_check_softmax_kernel, params=("kernel",),
     doc="Check a Triton ``softmax_kernel(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr)`` "
     "launched with one program per row (on the GPU, or in Triton's interpreter on the CPU).",
 )
+# fmt: on
 
 
 def _delta_case() -> list[Case]:
@@ -347,32 +271,23 @@ def _delta_case() -> list[Case]:
 
 _HINT_DELTA = "delta is the row-wise dot product of grad_out and out: (grad_out * out).sum(-1)."
 
+# fmt: off
+_BACKWARD_DELTA_MISTAKES = (
+    Mistake(lambda out, grad_out: (grad_out * out).sum(-2),
+            "Sum over dim -1, not -2. " + _HINT_DELTA),
+    Mistake(lambda out, grad_out: grad_out.sum(-1), "Multiply by out first. " + _HINT_DELTA),
+)
 BACKWARD_DELTA = Exercise(
     "check_backward_delta",
     "with your delta, P * (dP - delta) equals autograd's gradient of the scores",
-    lambda out, grad_out: (grad_out * out).sum(-1),
-    _delta_case,
-    (
-        Mistake(
-            lambda out, grad_out: (grad_out * out).sum(-2),
-            "You summed over the rows (dim -2); sum over the head dim (dim -1). " + _HINT_DELTA,
-        ),
-        Mistake(
-            lambda out, grad_out: grad_out.sum(-1),
-            "Multiply grad_out by out elementwise before summing. " + _HINT_DELTA,
-        ),
-    ),
-    hint=_HINT_DELTA,
-    atol=1e-9,
-    rtol=1e-9,
+    lambda out, grad_out: (grad_out * out).sum(-1), _delta_case, _BACKWARD_DELTA_MISTAKES,
+    hint=_HINT_DELTA, atol=1e-9, rtol=1e-9,
     convert=lambda d: d.squeeze(-1) if isinstance(d, Tensor) and d.shape[-1:] == (1,) else d,
     params=("backward_delta",),
     doc="Check ``backward_delta(out, grad_out) -> delta`` (B, H, L), with which P * (dP - "
     "delta) is the gradient of the scores.",
 )
+# fmt: on
 
 EXERCISES = (TILE_COUNTS, KV_TILE_RANGE, SOFTMAX_KERNEL, BACKWARD_DELTA)
-check_tile_counts = TILE_COUNTS.checker()
-check_kv_tile_range = KV_TILE_RANGE.checker()
-check_softmax_kernel = SOFTMAX_KERNEL.checker()
-check_backward_delta = BACKWARD_DELTA.checker()
+publish(globals(), EXERCISES)
