@@ -41,6 +41,7 @@ __all__ = [
     "quantile_band",
     "ratio_curves",
     "record_shapes",
+    "roofline",
     "skippable_tiles",
     "split_slots",
     "text_color_on",
@@ -525,12 +526,7 @@ def loglog_curves(
     Returns:
         The ``Axes``: one line per curve, plus one dashed line per curve with ``fit=True``.
     """
-    xs = [float(v) for v in _to_numpy("x", x).ravel()]
-    if not isinstance(ys, Mapping) or not ys:
-        raise TypeError(
-            f"ys must be a non-empty mapping of name -> values, got {type(ys).__name__}"
-        )
-    ax = _new_ax(ax)
+    xs, ax = _curves_setup(x, ys, ax)
     for name, values in ys.items():
         px, py = _curve_points(name, values, xs)
         label = name
@@ -551,6 +547,16 @@ def loglog_curves(
     if title is not None:
         ax.set_title(title)
     return ax
+
+
+def _curves_setup(x: Any, ys: Any, ax: Axes | None) -> tuple[list[float], Axes]:
+    """The shared sizes as floats and the Axes to draw on, once ``ys`` is checked."""
+    xs = [float(v) for v in _to_numpy("x", x).ravel()]
+    if not isinstance(ys, Mapping) or not ys:
+        raise TypeError(
+            f"ys must be a non-empty mapping of name -> values, got {type(ys).__name__}"
+        )
+    return xs, _new_ax(ax)
 
 
 def _curve_points(
@@ -762,12 +768,7 @@ def ratio_curves(
     Returns:
         The ``Axes``: one line per curve, plus the target line when ``target`` is given.
     """
-    xs = [float(v) for v in _to_numpy("x", x).ravel()]
-    if not isinstance(ys, Mapping) or not ys:
-        raise TypeError(
-            f"ys must be a non-empty mapping of name -> values, got {type(ys).__name__}"
-        )
-    ax = _new_ax(ax)
+    xs, ax = _curves_setup(x, ys, ax)
     for name, values in ys.items():
         px, py = _curve_points(name, values, xs)
         ax.plot(px, py, marker="o", label=name)
@@ -1281,4 +1282,77 @@ def kv_head_sharing(num_heads: int, layouts: Mapping[str, int], *, ax: Axes | No
     ax.xaxis.tick_top()
     ax.set_yticks(range(H), [f"q head {i}" for i in range(H)])
     _cell_lines(ax, H, len(titles), linewidth=2)
+    return ax
+
+
+def _roof(intensity: np.ndarray, peak: float, bandwidth: float) -> np.ndarray:
+    """The roofline ``min(peak, bandwidth * intensity)`` in FLOP/s."""
+    return np.minimum(peak, bandwidth * intensity)
+
+
+def roofline(
+    points: Mapping[str, tuple[float, float]],
+    *,
+    peak: float,
+    bandwidth: float,
+    references: Mapping[str, tuple[float, float]] | None = None,
+    label: str = "this machine (measured)",
+    ax: Axes | None = None,
+) -> Axes:
+    """Draw a roofline on log-log axes, with measured points and reference rooflines.
+
+    A device doing at most ``peak`` FLOP/s and moving ``bandwidth`` bytes/s can reach at most
+    ``min(peak, bandwidth * I)`` FLOP/s on work of arithmetic intensity ``I`` (FLOP per byte).
+
+    Args:
+        points: name -> ``(intensity in FLOP/byte, achieved FLOP/s)``, one marker each.
+        peak, bandwidth: this machine's roofs, in FLOP/s and bytes/s (solid line).
+        references: name -> ``(peak FLOP/s, bytes/s)`` of other devices, drawn as dashed lighter
+            lines (e.g. published datasheet figures).
+        label: the legend entry of the solid roofline.
+        ax: where to draw; a new figure is made if ``None``.
+
+    Returns:
+        The ``Axes``: one line per roofline (``label`` first, then ``references`` in order) and
+        one marker per point, all in a legend below the axes.
+    """
+    peak = validate.positive_float("peak", peak)
+    bandwidth = validate.positive_float("bandwidth", bandwidth)
+    if not isinstance(points, Mapping) or not points:
+        raise TypeError(
+            f"points must be a non-empty mapping of name -> (I, FLOP/s), got {points!r}"
+        )
+    refs = dict(references or {})
+    for what, pairs in (("points", points), ("references", refs)):
+        for name, pair in pairs.items():
+            if len(pair) != 2:
+                raise ValueError(f"{what}[{name!r}] must be a pair of numbers, got {pair!r}")
+            for value in pair:
+                validate.positive_float(f"{what}[{name!r}]", value)
+    ax = _new_ax(ax, figsize=(7.5, 5.0))
+    ridges = [peak / bandwidth] + [p / w for p, w in refs.values()]
+    xs = [i for i, _ in points.values()] + ridges
+    grid = np.geomspace(min(xs) / 3, max(xs) * 3, 200)
+    ax.plot(grid, _roof(grid, peak, bandwidth), color="black", linewidth=2, label=label)
+    greys = ["#8c8c8c", "#a6a6d9", "#d9a6a6", "#a6d9a6"]
+    for n, (name, (p, w)) in enumerate(refs.items()):
+        ax.plot(
+            grid,
+            _roof(grid, p, w),
+            linestyle="--",
+            linewidth=1.5,
+            color=greys[n % len(greys)],
+            label=name,
+        )
+    markers = "osD^vP*X"
+    for n, (name, (i, rate)) in enumerate(points.items()):
+        ax.plot(
+            i, rate, linestyle="none", marker=markers[n % len(markers)], markersize=8, label=name
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
+    ax.set_ylabel("FLOP/s")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, fontsize=9)
     return ax

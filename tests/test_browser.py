@@ -104,6 +104,13 @@ FIGURES_JS = """() => [...document.querySelectorAll('article .cell_output img')]
           shownWidth: img.clientWidth, shownHeight: img.clientHeight};
 })"""
 
+# Code cells whose lines do not fit the text column (the block scrolls sideways), with their
+# longest line. Cells folded away (hidden input, solutions) have no box until opened.
+CODE_OVERFLOW_JS = """() => [...document.querySelectorAll('article div.cell_input pre')]
+  .filter(pre => pre.offsetParent !== null && pre.scrollWidth > pre.clientWidth + 1)
+  .map(pre => pre.textContent.split('\\n')
+                 .reduce((a, b) => (a.length >= b.length ? a : b)).slice(0, 100))"""
+
 
 # sphinx-thebe 0.3.1 writes its inline config script twice into every page under Sphinx 7.4, so
 # the second copy fails with this SyntaxError. Thebe (live code in the page) is not enabled in this
@@ -388,6 +395,10 @@ def test_chapter_page(open_page, chapter):
             f"{path}: figure {name} is stored at {fig['naturalWidth']} px for a display width "
             f"of {fig['styleWidth']} px: not sharp on a high-density screen"
         )
+
+    # Code cells fit the text column: chapter code is written at most 80 characters wide.
+    wide_code = page.evaluate(CODE_OVERFLOW_JS)
+    assert not wide_code, f"{path}: code cells wider than the column:\n" + "\n".join(wide_code)
 
     # The Colab launch button opens this very notebook on the configured branch.
     hrefs = set(

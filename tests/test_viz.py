@@ -554,3 +554,25 @@ def test_kv_head_sharing_names_the_kv_head_of_each_query_head():
         viz.kv_head_sharing(8, {"odd": 3})
     with pytest.raises(TypeError, match="layouts"):
         viz.kv_head_sharing(8, {})
+
+
+def test_roofline_draws_measured_and_reference_roofs_and_points():
+    points = {"matmul": (100.0, 2e10), "softmax": (0.6, 1e9)}
+    refs = {"GPU (published)": (1e14, 1e12)}
+    ax = viz.roofline(points, peak=2e10, bandwidth=1e10, references=refs)
+    roof, ref, *markers = ax.get_lines()
+    x, y = roof.get_data()
+    # min(peak, bandwidth * I): the slope below the ridge (2 FLOP/byte), flat above it
+    np.testing.assert_allclose(y, np.minimum(2e10, 1e10 * x))
+    np.testing.assert_allclose(ref.get_data()[1], np.minimum(1e14, 1e12 * x))
+    assert ref.get_linestyle() == "--" and x.min() < 0.6 and x.max() > 100
+    assert [m.get_data()[0][0] for m in markers] == [100.0, 0.6]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["this machine (measured)", "GPU (published)", "matmul", "softmax"]
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    with pytest.raises(ValueError, match="peak"):
+        viz.roofline(points, peak=0, bandwidth=1e10)
+    with pytest.raises(ValueError, match="pair"):
+        viz.roofline({"bad": (1.0,)}, peak=1.0, bandwidth=1.0)
+    with pytest.raises(TypeError, match="points"):
+        viz.roofline({}, peak=1.0, bandwidth=1.0)
