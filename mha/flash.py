@@ -84,8 +84,12 @@ class Tile:
 QUERY_BLOCKS_PER_STEP = 4  # a step of the loop serves 4 blocks of query rows (see tile_schedule)
 
 
-def _visible_blocks(attn_mask: Tensor, L: int, S: int, block_size: int) -> list[list[bool]]:
-    """``visible[r][c]``: may some row of block ``r`` see some key of tile ``c`` (in any batch)?"""
+def visible_blocks(attn_mask: Tensor, L: int, S: int, block_size: int) -> Tensor:
+    """``visible[r, c]``: may some row of block ``r`` see some key of tile ``c`` (in any batch)?
+
+    Shapes:
+        attn_mask broadcasts to ``(..., L, S)``; returns bool ``(ceil(L / b), ceil(S / b))``.
+    """
     keep = attn_mask if attn_mask.dtype == torch.bool else ~torch.isneginf(attn_mask)
     while keep.dim() > 2:  # may row i see key j in any batch or head?
         keep = keep.any(0)
@@ -94,8 +98,7 @@ def _visible_blocks(attn_mask: Tensor, L: int, S: int, block_size: int) -> list[
         n_rows * block_size, n_keys * block_size, dtype=torch.bool, device=keep.device
     )
     padded[:L, :S] = keep  # broadcasts a (1, S) or (L, 1) mask to (L, S)
-    blocks = padded.view(n_rows, block_size, n_keys, block_size)
-    return blocks.any(3).any(1).tolist()  # one transfer to the host, not one per tile
+    return padded.view(n_rows, block_size, n_keys, block_size).any(3).any(1)
 
 
 def tile_schedule(
@@ -121,7 +124,8 @@ def tile_schedule(
     """
     block_size = validate.positive_int("block_size", block_size)
     n_blocks = math.ceil(L / block_size)
-    visible = None if attn_mask is None else _visible_blocks(attn_mask, L, S, block_size)
+    # one transfer to the host, not one per tile
+    visible = None if attn_mask is None else visible_blocks(attn_mask, L, S, block_size).tolist()
     tiles = []
     for step in range(0, n_blocks, QUERY_BLOCKS_PER_STEP):
         step_blocks = range(step, min(step + QUERY_BLOCKS_PER_STEP, n_blocks))

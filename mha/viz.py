@@ -24,6 +24,7 @@ from matplotlib.ticker import MaxNLocator, NullLocator
 
 from . import validation as validate
 from .fit import loglog_fit
+from .flash import visible_blocks
 from .multihead import MultiHeadAttention
 
 __all__ = [
@@ -813,10 +814,7 @@ def skippable_tiles(mask: torch.Tensor | np.ndarray, block_size: int) -> np.ndar
     m = _as_keep_mask(mask)
     b = validate.positive_int("block_size", block_size)
     L, S = m.shape
-    nq, nk = -(-L // b), -(-S // b)
-    padded = np.zeros((nq * b, nk * b), dtype=bool)
-    padded[:L, :S] = m
-    return np.asarray(~padded.reshape(nq, b, nk, b).any(axis=(1, 3)))
+    return (~visible_blocks(torch.from_numpy(np.ascontiguousarray(m)), L, S, b)).numpy()
 
 
 def mask_tiles(

@@ -8,6 +8,10 @@ Run the tests through the Makefile (`make test`), or directly:
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sysconfig
+import venv
 from pathlib import Path
 
 import pytest
@@ -20,6 +24,43 @@ REPO = Path(__file__).resolve().parents[1]
 # when it is first imported: set it before any test module can import triton.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def randn(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Normal numbers from a seeded generator on the CPU: the same tensor on every run."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def run(cmd: list[str], cwd: Path, timeout: float = 300) -> str:
+    """Run a command; fail with its output unless it exits 0. Returns its stdout."""
+    proc = subprocess.run(
+        cmd, check=False, cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, (
+        f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    )
+    return proc.stdout
+
+
+def preinstalled_venv(root: Path, *, with_pip: bool) -> tuple[Path, Path, Path]:
+    """A fresh virtual environment in ``root / "colab"`` standing in for Colab: it "already has"
+    every package of the environment running the tests, except mha (links in
+    ``root / "preinstalled"``; the caller puts that folder on its path with a .pth file).
+    Returns ``(python, purelib, preinstalled)``."""
+    env_dir = root / "colab"
+    venv.EnvBuilder(with_pip=with_pip, symlinks=True).create(env_dir)
+    python = env_dir / "bin" / "python"
+    query = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    purelib = Path(run([str(python), "-c", query], root).strip())
+    # Links to every package here except mha (installed from the checkout) and the .pth files
+    # (an editable mha, setuptools' hooks).
+    preinstalled = root / "preinstalled"
+    preinstalled.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if entry.suffix == ".pth" or re.match(r"(__editable__.*|mha)([-_.].*)?$", entry.name):
+            continue
+        (preinstalled / entry.name).symlink_to(entry)
+    return python, purelib, preinstalled
 
 
 def in_ci() -> bool:

@@ -5,13 +5,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import randn
 from torch.testing import assert_close
 
 import mha
-
-
-def randn(*shape, dtype=torch.float64, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
 def qkv(batch=(2, 3), L=5, S=7, D=8, Dv=6, dtype=torch.float64):

@@ -477,6 +477,17 @@ def test_phone_page(open_phone_page, path):
     page.screenshot(path=SCREENSHOTS / f"phone-{Path(path).stem}.png", full_page=True)
 
 
+def open_drawer(page, side: str, what: str):
+    """Press the one visible ``{side}-toggle`` button; its drawer, closed before, opens."""
+    button = page.locator(f"button.{side}-toggle:visible")
+    assert button.count() == 1, f"{button.count()} visible buttons for {what}, expected 1"
+    drawer = page.locator(f"#pst-{side}-sidebar-modal")
+    assert not drawer.is_visible(), f"{what} is open before its button is pressed"
+    button.click()
+    drawer.wait_for(state="visible", timeout=5000)
+    return drawer
+
+
 def test_phone_navigation(open_phone_page):
     """Below desktop width the sidebars are drawers: their buttons must open them, and their
     links must work (pydata-sphinx-theme 0.17 left both buttons dead, its issue #2451)."""
@@ -485,12 +496,7 @@ def test_phone_navigation(open_phone_page):
     page, problems = open_phone_page(f"{root}.html")
 
     # The chapter list is hidden until the menu button opens it.
-    toggle = page.locator("button.primary-toggle:visible")
-    assert toggle.count() == 1, f"{toggle.count()} visible menu buttons on a phone, expected 1"
-    drawer = page.locator("#pst-primary-sidebar-modal")
-    assert not drawer.is_visible(), "the chapter list is open before the menu button is pressed"
-    toggle.click()
-    drawer.wait_for(state="visible", timeout=5000)
+    drawer = open_drawer(page, "primary", "the chapter list")
     links = drawer.locator(f'a[href$="{Path(target).name}.html"]')
     assert links.count() == 1, f"the opened chapter list has no link to {target}"
     links.first.click()
@@ -499,12 +505,7 @@ def test_phone_navigation(open_phone_page):
     assert heading.strip(), f"{target}: no heading after following the sidebar link"
 
     # The in-page contents: the secondary drawer, with links to the sections of this page.
-    contents = page.locator("button.secondary-toggle:visible")
-    assert contents.count() == 1, f"{contents.count()} visible contents buttons, expected 1"
-    toc = page.locator("#pst-secondary-sidebar-modal")
-    assert not toc.is_visible(), "the in-page contents are open before the button is pressed"
-    contents.click()
-    toc.wait_for(state="visible", timeout=5000)
+    toc = open_drawer(page, "secondary", "the in-page contents")
     sections = toc.locator('a[href^="#"]')
     assert sections.count() >= 3, f"{target}: the in-page contents show {sections.count()} links"
     second = sections.nth(1)

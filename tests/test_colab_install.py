@@ -16,27 +16,15 @@ import json
 import re
 import subprocess
 import sys
-import sysconfig
-import venv
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, preinstalled_venv, run
 
 SETUP_CELL = REPO / "tools" / "setup_cell.txt"
 PREINSTALLED = ("torch", "numpy", "matplotlib")
 
 pytestmark = pytest.mark.slow
-
-
-def run(cmd: list[str], cwd: Path, timeout: float = 300) -> str:
-    proc = subprocess.run(
-        cmd, check=False, cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
-    assert proc.returncode == 0, (
-        f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    )
-    return proc.stdout
 
 
 def pip_command_of_setup_cell() -> tuple[list[str], str, str]:
@@ -68,22 +56,7 @@ def test_colab_style_install_keeps_torch_and_numpy(tmp_path):
     assert (clone / "pyproject.toml").exists(), "the repository at HEAD has no pyproject.toml"
 
     # 2. Colab stand-in: a fresh venv that already "has" the course environment, minus mha.
-    colab = tmp_path / "colab"
-    venv.EnvBuilder(with_pip=True, symlinks=True).create(colab)
-    python = colab / "bin" / "python"
-    purelib = Path(
-        run(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            tmp_path,
-        ).strip()
-    )
-    ours = Path(sysconfig.get_paths()["purelib"])
-    preinstalled = tmp_path / "preinstalled"
-    preinstalled.mkdir()
-    for entry in ours.iterdir():
-        if entry.suffix == ".pth" or re.match(r"(__editable__.*|mha)([-_.].*)?$", entry.name):
-            continue  # not mha, and no .pth side effects
-        (preinstalled / entry.name).symlink_to(entry)
+    python, purelib, preinstalled = preinstalled_venv(tmp_path, with_pip=True)
     (purelib / "colab_preinstalled.pth").write_text(f"{preinstalled}\n")
 
     work = tmp_path / "content"  # like Colab's /content: nowhere near the checkout

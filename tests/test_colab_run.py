@@ -25,15 +25,13 @@ import json
 import re
 import shutil
 import subprocess
-import sysconfig
 import time
-import venv
 from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import REPO, skip_or_fail
+from conftest import REPO, preinstalled_venv, run, skip_or_fail
 
 pytestmark = pytest.mark.slow
 
@@ -53,16 +51,6 @@ FAKE_COLAB = (
 PROBE = """import json, sys
 import mha
 print("COLAB-PROBE " + json.dumps({"mha": mha.__file__, "colab": "google.colab" in sys.modules}))"""
-
-
-def run(cmd: list[str], cwd: Path, timeout: float = 300) -> str:
-    proc = subprocess.run(
-        cmd, check=False, cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
-    assert proc.returncode == 0, (
-        f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    )
-    return proc.stdout
 
 
 @dataclass
@@ -103,24 +91,8 @@ def snapshot_working_tree(dest: Path) -> Path:
 
 
 def make_standin(root: Path, repository: Path) -> ColabStandIn:
-    env_dir = root / "colab-venv"
     # No pip of its own: the linked one runs in it and installs into it (ensurepip would take long).
-    venv.EnvBuilder(with_pip=False, symlinks=True).create(env_dir)
-    python = env_dir / "bin" / "python"
-    purelib = Path(
-        run(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], root
-        ).strip()
-    )
-    # "Preinstalled": links to every package of the environment running this test, except mha
-    # (installed from the checkout) and the .pth files (an editable mha, setuptools' hooks).
-    ours = Path(sysconfig.get_paths()["purelib"])
-    preinstalled = root / "preinstalled"
-    preinstalled.mkdir()
-    for entry in ours.iterdir():
-        if entry.suffix == ".pth" or re.match(r"(__editable__.*|mha)([-_.].*)?$", entry.name):
-            continue
-        (preinstalled / entry.name).symlink_to(entry)
+    python, purelib, preinstalled = preinstalled_venv(root, with_pip=False)
     fake = root / "fake-colab" / "google" / "colab"  # google/ stays a namespace package
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text(FAKE_COLAB)

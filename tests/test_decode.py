@@ -5,14 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import randn
 from torch.testing import assert_close
 
 import mha
 from mha import bench
-
-
-def randn(*shape: int, seed: int, dtype=torch.float64) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
 def separate_projections(layer: mha.MultiHeadAttention, x: torch.Tensor) -> torch.Tensor:

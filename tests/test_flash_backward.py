@@ -7,13 +7,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import randn
 from torch.testing import assert_close
 
 import mha
-
-
-def randn(*shape, dtype=torch.float64, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
 def leaves(L, S, H=4, Hkv=4, D=16, Dv=8, B=2, dtype=torch.float64):
@@ -122,9 +119,9 @@ def test_saves_no_L_by_S_tensor():
     assert q.grad is not None and k.grad is not None and v.grad is not None
 
 
-def test_low_precision_gradients_are_as_accurate_as_torchs():
-    """float16 in, float32 inside: the gradients' error against a float64 run is within 3x of
-    torch's own float16 backward on the same inputs."""
+def test_bfloat16_gradients_are_as_accurate_as_torchs():
+    """bfloat16 in, float32 inside: the gradients' error against a float64 run is within 3x of
+    torch's own bfloat16 backward on the same inputs."""
     q64, k64, v64 = leaves(64, 64, D=32, Dv=32)
     d_out = randn(2, 4, 64, 32, seed=8)
     golden = grads(torch_sdpa, q64, k64, v64, d_out, is_causal=True)

@@ -3,16 +3,13 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import randn
 from torch.testing import assert_close
 from torch.utils.flop_counter import FlopCounterMode
 
 import mha
 from mha.bench import peak_memory
 from mha.linear_attention import elu_feature_map, linear_attention_weights
-
-
-def randn(*shape, dtype=torch.float64, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
 def qkv(batch=(2, 3), L=5, S=7, D=8, Dv=6, dtype=torch.float64):

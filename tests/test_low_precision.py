@@ -13,15 +13,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import randn
 
 import mha
 
 LOW = [torch.float16, torch.bfloat16]
 FUNCTIONS = {"reference": mha.scaled_dot_product_attention, "flash": mha.flash_attention}
-
-
-def randn(*shape: int, seed: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
 def max_error(out: torch.Tensor, golden: torch.Tensor) -> float:

@@ -3,16 +3,13 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import randn
 from torch import nn
 from torch.testing import assert_close
 
 import mha
 
 BACKENDS = ["math", "sdpa", "flash"]
-
-
-def randn(*shape, seed=0, dtype=torch.float64):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
 def torch_mha(E=32, H=4, **kwargs):
