@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -10,8 +12,30 @@ from . import validation as validate
 from .attention import scaled_dot_product_attention
 from .flash import flash_attention
 from .masks import causal_mask, causal_mask_bottom_right
+from .rope import apply_rope
 
 BACKENDS = ("math", "sdpa", "flash", "triton")
+
+
+@runtime_checkable
+class KVCacheProtocol(Protocol):
+    """What ``kv_cache=`` needs: :class:`KVCache` here, and the serving caches of
+    ``mha/decoding.py`` (preallocated, paged) all provide it.
+
+    ``update(key, value)`` stores this call's keys ``(B, Hkv, S_new, D)`` and values
+    ``(B, Hkv, S_new, Dv)`` and returns all of them so far, ``(B, Hkv, S, D)`` and
+    ``(B, Hkv, S, Dv)``; ``len(cache)`` is the number of positions stored (``S``); ``nbytes`` the
+    memory the cache holds; ``reset()`` empties it for a new sequence.
+    """
+
+    def __len__(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def reset(self) -> None: ...
+
+    def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]: ...
 
 
 class KVCache:
@@ -81,6 +105,10 @@ class MultiHeadAttention(nn.Module):
         backend: ``"math"`` (:func:`mha.scaled_dot_product_attention`), ``"sdpa"`` (torch's fused
             ``F.scaled_dot_product_attention``), ``"flash"`` (:func:`mha.flash_attention`) or
             ``"triton"`` (the chapter-6 kernel; needs ``triton``). All give the same numbers.
+        rope: rotate queries and keys by their positions (:func:`mha.apply_rope`) after the head
+            split. Queries and keys both count positions from 0 (from ``len(kv_cache)`` with a
+            cache), which is what self-attention needs; keys are cached already rotated.
+        rope_base: RoPE's ``base`` (10000 in Llama 2, 500000 in Llama 3).
 
     Shapes:
         query ``(B, L, E)``, key ``(B, S, kdim)``, value ``(B, S, vdim)`` → out ``(B, L, E)``.
@@ -103,6 +131,8 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         num_kv_heads: int | None = None,
         backend: str = "math",
+        rope: bool = False,
+        rope_base: float = 10000.0,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -132,6 +162,13 @@ class MultiHeadAttention(nn.Module):
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.head_dim = embed_dim // num_heads
         self.kdim, self.vdim, self.dropout, self.backend = kdim, vdim, float(dropout), backend
+        self.rope = validate.flag("rope", rope)
+        self.rope_base = validate.positive_float("rope_base", rope_base)
+        if rope and self.head_dim % 2:
+            raise ValueError(
+                f"rope rotates pairs and needs an even head dim, got embed_dim ({embed_dim}) / "
+                f"num_heads ({num_heads}) = {self.head_dim}"
+            )
         kv_width = num_kv_heads * self.head_dim
         factory = {"device": device, "dtype": dtype}
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
@@ -142,8 +179,10 @@ class MultiHeadAttention(nn.Module):
 
     def extra_repr(self) -> str:
         kv = "" if self.num_kv_heads == self.num_heads else f", num_kv_heads={self.num_kv_heads}"
+        rope = f", rope=True, rope_base={self.rope_base:g}" if self.rope else ""
         return (
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}{kv}, backend={self.backend!r}"
+            f"{rope}"
         )
 
     def _check_inputs(
@@ -185,15 +224,14 @@ class MultiHeadAttention(nn.Module):
         attn_mask: Tensor | None = None,
         is_causal: bool = False,
         need_weights: bool = False,
-        kv_cache: KVCache | None = None,
+        kv_cache: KVCacheProtocol | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` to ``key``/``value`` (self-attention when they are omitted).
 
         Args:
             query, key, value: the sequences; ``key`` defaults to ``query``, ``value`` to ``key``.
-            attn_mask, is_causal: a mask, future keys hidden (both: see the class docstring).
-            need_weights: also return the per-head weights (computed on the math path).
-            kv_cache: a :class:`KVCache` to append this call's keys and values to.
+            attn_mask, is_causal, need_weights: a mask, future keys hidden, weights returned.
+            kv_cache: a :class:`KVCache` (any :class:`KVCacheProtocol`) to append k and v to.
 
         Shapes:
             query ``(B, L, E)``, key/value ``(B, S, kdim/vdim)`` → ``(B, L, E)``, ``(B, H, L, S)``.
@@ -202,14 +240,30 @@ class MultiHeadAttention(nn.Module):
         value = key if value is None else value
         self._check_inputs(query, key, value, is_causal=is_causal, need_weights=need_weights)
         q, k, v = self._project(query, key, value)  # (B, H, L, D), (B, Hkv, S, D), (B, Hkv, S, D)
+        q, k = self._rotate(q, k, kv_cache)  # RoPE, if on: positions go on after the cache
         if kv_cache is not None:
             k, v, attn_mask, is_causal = self._use_cache(kv_cache, q, k, v, attn_mask, is_causal)
         out, weights = self._attend(q, k, v, attn_mask, is_causal, need_weights)  # (B, H, L, D)
         return self._merge(out), weights
 
+    def _rotate(
+        self, q: Tensor, k: Tensor, kv_cache: KVCacheProtocol | None
+    ) -> tuple[Tensor, Tensor]:
+        """RoPE (when ``rope=True``): the new tokens sit at positions ``start, start + 1, …`` with
+        ``start = len(kv_cache)`` (0 without a cache). Keys are rotated before they enter the
+        cache, so a cached key is never rotated twice.
+
+        Shapes:
+            q ``(B, H, L, D)``, k ``(B, Hkv, S_new, D)`` -> the same shapes.
+        """
+        if not self.rope:
+            return q, k
+        start = 0 if kv_cache is None else len(kv_cache)
+        return apply_rope(q, start, base=self.rope_base), apply_rope(k, start, base=self.rope_base)
+
     def _use_cache(
         self,
-        kv_cache: KVCache,
+        kv_cache: KVCacheProtocol,
         q: Tensor,
         k: Tensor,
         v: Tensor,
@@ -223,6 +277,11 @@ class MultiHeadAttention(nn.Module):
             q ``(B, H, L, D)``, k and v ``(B, Hkv, S_new, D)``; returns k and v
             ``(B, Hkv, S, D)`` with ``S = S_cached + S_new``, and the mask and flag to use.
         """
+        if not isinstance(kv_cache, KVCacheProtocol):
+            raise TypeError(
+                "kv_cache must be a cache with update, __len__, nbytes and reset (e.g. "
+                f"mha.KVCache()), got {type(kv_cache).__name__}"
+            )
         k, v = kv_cache.update(k, v)  # (B, Hkv, S_cached + S_new, D)
         if is_causal:
             keep = causal_mask_bottom_right(q.shape[-2], k.shape[-2], device=q.device)  # (L, S)

@@ -73,6 +73,14 @@ def positive_int(name: str, value: Any) -> int:
     return value
 
 
+def non_negative_int(name: str, value: Any) -> int:
+    """An ``int`` that is zero or more."""
+    _number(name, value, int, "an int")
+    if value < 0:
+        raise ValueError(f"{name} must be zero or positive, got {value}")
+    return value
+
+
 def positive_float(name: str, value: Any) -> float:
     """A finite number greater than zero."""
     _number(name, value, (int, float), "a number")
@@ -183,3 +191,24 @@ def attn_mask(mask: Any, target: tuple[int, ...]) -> Tensor:
             f"attn_mask of shape {m} is not broadcastable to the scores {tuple(target)}"
         )
     return mask
+
+
+def positions(name: str, value: Any, target: tuple[int, ...]) -> Tensor:
+    """An integer tensor of token positions, ``(L,)`` or broadcasting to ``target`` ``(..., L)``.
+
+    Like :func:`attn_mask`, it may have fewer dims and size-1 dims but never grow ``target``.
+    """
+    tensor(name, value)
+    if value.dtype == torch.bool or value.dtype.is_floating_point or value.dtype.is_complex:
+        raise TypeError(f"{name} must be an integer tensor, got dtype {value.dtype}")
+    p = shape(value)
+    fits = (
+        0 < len(p) <= len(target)
+        and p[-1] == target[-1]
+        and all(a in (1, b) for a, b in zip(reversed(p), reversed(target)))
+    )
+    if not fits:
+        raise ValueError(
+            f"{name} of shape {p} must be (L,) or broadcast to {tuple(target)} (..., L)"
+        )
+    return value

@@ -121,6 +121,11 @@ def test_dropout_and_block_size_errors():
             ValueError,
             "backend 'flash' has no attention dropout",
         ),
+        (
+            {"embed_dim": 9, "num_heads": 3, "rope": True},
+            ValueError,
+            r"rope rotates pairs and needs an even head dim, got embed_dim \(9\) / num_heads \(3\) = 3",
+        ),
     ],
 )
 def test_module_construction_errors(kwargs, error, message):

@@ -27,7 +27,7 @@ from torch import nn
 import mha
 import mha.exercises
 from mha.exercises import EXERCISES, ExerciseError, ch01, ch02, ch03, ch04, ch05, ch06
-from mha.exercises._harness import Case, Exercise, Mistake
+from mha.exercises._harness import Case, Exercise, Mistake, exercise, prediction, publish
 
 BY_NAME = {ex.name: ex for ex in EXERCISES}
 WITH_ANSWER = [ex for ex in EXERCISES if ex.reference is not None]  # the Triton kernel: below
@@ -173,6 +173,20 @@ def test_harness_does_not_let_an_answer_spoil_the_next_case():
 
     for _ in range(2):  # the cases are rebuilt or cloned: the second run sees fresh inputs
         check_toy(in_place)
+
+
+def test_exercise_and_prediction_take_mistakes_as_pairs_and_publish_finds_them():
+    doubling = exercise("check_double", "doubles", TOY.reference, TOY.cases, TOY.mistakes[0])
+    swapped = (lambda t: t[::-1], "Swapped.")
+    guess = prediction("check_guess", "ok", lambda: (1, 2), swapped, outputs=("a", "b"))
+    assert doubling.mistakes == TOY.mistakes and not doubling.prediction
+    assert guess.prediction and guess.params == ("a", "b")
+    assert guess.wrong_answers() == [((2, 1), "Swapped.")]
+    namespace = {"GUESS": guess, "other": 1, "DOUBLING": doubling}
+    assert publish(namespace) == (guess, doubling)
+    assert namespace["check_guess"].__name__ == "check_guess"
+    with pytest.raises(ExerciseError, match="Swapped"):
+        namespace["check_guess"](2, 1)
 
 
 def test_partial_prediction_is_an_error_not_a_skip():

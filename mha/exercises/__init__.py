@@ -7,13 +7,13 @@ and raises :class:`ExerciseError` (an ``AssertionError``) with a targeted hint o
 The checkers live in one module per chapter (``mha.exercises.ch01`` ...) and are re-exported here.
 """
 
-from . import ch01, ch02, ch03, ch04, ch05, ch06, ch07
+from . import ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08
 from ._harness import Exercise, ExerciseError
 
 #: Every exercise of the course, in chapter order.
 EXERCISES: tuple[Exercise, ...] = ()
 __all__ = ["EXERCISES", "Exercise", "ExerciseError"]
-for _module in (ch01, ch02, ch03, ch04, ch05, ch06, ch07):
+for _module in (ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08):
     EXERCISES += _module.EXERCISES
     for _ex in _module.EXERCISES:
         globals()[_ex.name] = getattr(_module, _ex.name)

@@ -6,6 +6,10 @@ paired with its hint. :meth:`Exercise.check` calls the learner's code on every c
 with the reference; on a mismatch it names the first mistake that reproduces the learner's output,
 else the generic hint. Crashes, NaN, wrong shapes or dtypes and non-tensors read the same
 everywhere; what is not "call the answer and compare" brings a ``custom`` check.
+
+The chapters build exercises with :func:`exercise` and :func:`prediction`, whose known mistakes
+follow the cases as ``(wrong answer, hint)`` pairs, one a line; a hint too long for its line is a
+named constant just above the exercise (so ``ruff format`` keeps the table as written).
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+import mha
 
 
 class ExerciseError(AssertionError):
@@ -363,7 +370,52 @@ def as_shape(value: object, what: str) -> tuple[int, ...]:
     raise ExerciseError(f"{what} should be a tuple of ints, got {value!r}.")
 
 
-def publish(namespace: dict[str, Any], exercises: Iterable[Exercise]) -> None:
-    """Define each exercise's public checker, ``check_*``, in ``namespace`` (a module's globals)."""
+#: Where an exercise is to write attention, the ready-made ones it must not call.
+NO_SDPA = ((F, "scaled_dot_product_attention"), (mha, "scaled_dot_product_attention"))
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor | None = None, **slip: Any) -> Tensor:
+    """``softmax(q kᵀ / √D, dim=-1) @ v`` (the weights if ``v`` is None), or with a ``slip``: another
+    ``scale``, another ``dim``, or a function ``weigh(scores, dim)`` in place of the softmax."""
+    scores = q @ k.transpose(-2, -1) * slip.get("scale", q.shape[-1] ** -0.5)  # (..., L, S)
+    weights = slip.get("weigh", torch.softmax)(scores, slip.get("dim", -1))  # (..., L, S)
+    return weights if v is None else weights @ v  # (..., L, Dv)
+
+
+def exercise(
+    name: str,
+    success: str | Callable[[Any], str],
+    reference: Callable[..., Any] | None,
+    cases: Callable[[], Iterable[Case]],
+    *mistakes: tuple[Callable[..., Any], str],
+    **options: Any,
+) -> Exercise:
+    """An :class:`Exercise` whose known mistakes follow its cases as ``(wrong answer, hint)`` pairs."""
+    known = tuple(Mistake(*m) for m in mistakes)
+    return Exercise(name, success, reference, cases, known, **options)
+
+
+def prediction(
+    name: str,
+    success: str | Callable[[Any], str],
+    truth: Callable[[], Any],
+    *mistakes: tuple[Callable[[Any], Any], str],
+    **options: Any,
+) -> Exercise:
+    """A prediction: ``truth()`` is the right answer and each mistake maps it to a wrong one. The
+    checker's parameters are the answer's parts, ``outputs``, unless ``params`` says otherwise."""
+    options.setdefault("params", options.get("outputs") or ("answer",))
+    known = tuple(Mistake(*m) for m in mistakes)
+    return Exercise(name, success, truth, mistakes=known, prediction=True, **options)
+
+
+def publish(
+    namespace: dict[str, Any], exercises: Iterable[Exercise] | None = None
+) -> tuple[Exercise, ...]:
+    """Define each exercise's public checker, ``check_*``, in ``namespace`` (a module's globals).
+    Without ``exercises``: every :class:`Exercise` defined there, returned in definition order."""
+    found = [v for v in namespace.values() if isinstance(v, Exercise)]
+    exercises = tuple(found if exercises is None else exercises)
     for ex in exercises:
         namespace[ex.name] = ex.checker()
+    return exercises

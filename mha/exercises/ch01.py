@@ -1,22 +1,17 @@
-"""Chapter 1, "Queries, keys and values": the exercises as data for :mod:`._harness`.
-
-References: torch's ``F.scaled_dot_product_attention`` and ``nn.MultiheadAttention``; mistakes: the
-seed's (no 1/√d_k, a hard argmax) and the usual slips (wrong axis, one projection, inverse order).
-"""
+"""Chapter 1, "Queries, keys and values": the exercises as data for :mod:`._harness`, with the
+seed's own mistakes (no 1/√d_k, a hard argmax) among the usual ones."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-import mha
-
-from ._harness import Case, Exercise, ExerciseError, Mistake
+from ._harness import NO_SDPA, Case, ExerciseError, attend, exercise, prediction, publish
 
 # The seed's "猫 吃 鱼" example: three tokens with 2-dimensional embeddings, Q = K = V = X.
 CAT_EATS_FISH = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])  # (L, E) = (3, 2)
@@ -25,11 +20,6 @@ HEAD_PROJECTIONS = (
     torch.diag(torch.tensor([0.0, 1.0])),  # W2: keeps the second coordinate
     torch.eye(2),  # W3: keeps both
 )
-_NO_SDPA = [(F, "scaled_dot_product_attention"), (mha, "scaled_dot_product_attention")]
-
-
-def _scores(query: Tensor, key: Tensor) -> Tensor:
-    return query @ key.transpose(-2, -1)  # (..., L, S)
 
 
 def _hard(scores: Tensor, dim: int = -1) -> Tensor:
@@ -37,9 +27,8 @@ def _hard(scores: Tensor, dim: int = -1) -> Tensor:
     return F.one_hot(scores.argmax(dim=-1), scores.shape[-1]).to(scores.dtype)
 
 
-def _soft(q: Tensor, k: Tensor, scale: float | None = None, dim: int = -1) -> Tensor:
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return torch.softmax(_scores(q, k) * scale, dim=dim)  # (..., L, S)
+def _no_softmax(scores: Tensor, dim: int) -> Tensor:
+    return scores
 
 
 def _lookup_reference(query: Tensor, key: Tensor) -> Tensor:
@@ -59,37 +48,33 @@ def _lookup_cases() -> list[Case]:
 
 
 _SQRT_D = "divide the scores by sqrt(D), D = query.shape[-1]"
-# fmt: off
-_LOOKUP_WEIGHTS_MISTAKES = (
-    Mistake(lambda q, k: _soft(q, k, 1.0), f"The scale is missing: {_SQRT_D}."),
-    Mistake(lambda q, k: _soft(q, k, 1 / q.shape[-1]), "You divided by D; the scale is 1/sqrt(D)."),
-    Mistake(lambda q, k: _soft(q, k, dim=-2),
-            "Each query (a row) spreads its weight over the keys: softmax over dim=-1."),
-    Mistake(lambda q, k: _soft(q, k, 1.0, dim=-2),
-            f"Softmax over the keys (dim=-1), and {_SQRT_D}."),
-    Mistake(lambda q, k: _scores(q, k) / math.sqrt(q.shape[-1]),
-            "These are scaled scores, not weights: apply a softmax over dim=-1."),
-    Mistake(_scores, f"These are raw scores: {_SQRT_D}, then softmax over dim=-1."),
-    Mistake(lambda q, k: _hard(_scores(q, k)),
-            "This is a hard lookup; softmax gives every key a positive weight."),
-)
-LOOKUP_WEIGHTS = Exercise(
-    "check_lookup_weights", "every query spreads a total weight of 1 over the keys",
-    _lookup_reference, _lookup_cases, _LOOKUP_WEIGHTS_MISTAKES,
+_ROWS = "Each query (a row) spreads its weight over the keys: softmax over dim=-1."
+_HARD = "This is a hard lookup; softmax gives every key a positive weight."
+_SCALED = "These are scaled scores, not weights: apply a softmax over dim=-1."
+LOOKUP_WEIGHTS = exercise(
+    "check_lookup_weights",
+    "every query spreads a total weight of 1 over the keys",
+    _lookup_reference,
+    _lookup_cases,
+    (partial(attend, scale=1.0), f"The scale is missing: {_SQRT_D}."),
+    (lambda q, k: attend(q, k, scale=1 / q.shape[-1]), "You divided by D; the scale is 1/sqrt(D)."),
+    (partial(attend, dim=-2), _ROWS),
+    (partial(attend, scale=1.0, dim=-2), f"Softmax over the keys (dim=-1), and {_SQRT_D}."),
+    (lambda q, k: q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), _SCALED),
+    (lambda q, k: q @ k.mT, f"These are raw scores: {_SQRT_D}, then softmax over dim=-1."),
+    (partial(attend, weigh=_hard), _HARD),
     hint="Expected softmax(query @ key^T / sqrt(D)) over the last axis.",
     crash_hint="Transpose with key.transpose(-2, -1) (not key.T) so leading batch dims stay put.",
-    forbidden=_NO_SDPA,
-    forbidden_hint="compute the weights yourself, without a ready-made attention.", solution=_soft,
+    forbidden=NO_SDPA,
+    forbidden_hint="compute the weights yourself, without a ready-made attention.",
+    solution=attend,
     doc="Check ``fn(query (..., L, D), key (..., S, D)) -> weights (..., L, S)`` of a soft lookup.",
 )
-# fmt: on
 
 
 def _head(x: Tensor, w_q: Tensor, w_k: Tensor, w_v: Tensor, **slip: Any) -> Tensor:
     """One head written out: right without ``slip``, or with one of the seed's slips."""
-    scale = slip.get("scale", 1 / math.sqrt(w_q.shape[1]))
-    weigh: Callable[[Tensor, int], Tensor] = slip.get("weigh", torch.softmax)
-    return weigh(_scores(x @ w_q, x @ w_k) * scale, slip.get("dim", -1)) @ (x @ w_v)  # (L, Dv)
+    return attend(x @ w_q, x @ w_k, x @ w_v, **slip)  # (L, Dv)
 
 
 def _seed_head_cases() -> list[Case]:
@@ -101,39 +86,28 @@ def _seed_head_cases() -> list[Case]:
     return [Case(f"fn(x {tuple(c[0].shape)}, w_q {tuple(c[1].shape)}, ...)", c) for c in cases]
 
 
-def _no_softmax(scores: Tensor, dim: int) -> Tensor:
-    return scores
-
-
-def _slip(**kwargs: Any) -> Callable[..., Tensor]:
-    return lambda x, w_q, w_k, w_v: _head(x, w_q, w_k, w_v, **kwargs)
-
-
-# fmt: off
-_SEED_HEAD_FIX_MISTAKES = (
-    Mistake(_slip(scale=1.0, weigh=_no_softmax),
-            "Still the seed's scores @ v: add the 1/sqrt(d_k) scale and the softmax."),
-    Mistake(_slip(scale=1.0), "The scale is missing: divide by sqrt(d_k), d_k = w_q.shape[1]."),
-    Mistake(_slip(weigh=_no_softmax), "The softmax is missing: softmax(scores / sqrt(d_k))."),
-    Mistake(_slip(weigh=_hard), "A hard argmax; softmax gives every key a positive weight."),
-    Mistake(_slip(dim=0), "Wrong axis: normalise each query's row over the keys, dim=-1."),
-    Mistake(lambda x, w_q, w_k, w_v: _head(x, w_q, w_k, w_v, scale=x.shape[1] ** -0.5),
-            "d_k is the head dimension w_q.shape[1], not the model width E = x.shape[1]."),
-    Mistake(lambda x, w_q, w_k, w_v: _head(x, w_q, w_q, w_q),
-            "k = x @ w_k and v = x @ w_v have their own projections (equal in the seed's example)."),
-)
-SEED_HEAD_FIX = Exercise(
-    "check_seed_head_fix", "head 1 of 猫 吃 鱼 is [[0.50, 0], [0.33, 0], [0.33, 0]]",
+_SEED = "Still the seed's scores @ v: add the 1/sqrt(d_k) scale and the softmax."
+_WIDTH = "d_k is the head dimension w_q.shape[1], not the model width E = x.shape[1]."
+_OWN = "k = x @ w_k and v = x @ w_v have their own projections (equal in the seed's example)."
+SEED_HEAD_FIX = exercise(
+    "check_seed_head_fix",
+    "head 1 of 猫 吃 鱼 is [[0.50, 0], [0.33, 0], [0.33, 0]]",
     lambda x, w_q, w_k, w_v: F.scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v),
-    _seed_head_cases, _SEED_HEAD_FIX_MISTAKES,
+    _seed_head_cases,
+    (partial(_head, scale=1.0, weigh=_no_softmax), _SEED),
+    (partial(_head, scale=1.0), "The scale is missing: divide by sqrt(d_k), d_k = w_q.shape[1]."),
+    (partial(_head, weigh=_no_softmax), "The softmax is missing: softmax(scores / sqrt(d_k))."),
+    (partial(_head, weigh=_hard), "A hard argmax; softmax gives every key a positive weight."),
+    (partial(_head, dim=0), "Wrong axis: normalise each query's row over the keys, dim=-1."),
+    (lambda x, w_q, w_k, w_v: _head(x, w_q, w_k, w_v, scale=x.shape[1] ** -0.5), _WIDTH),
+    (lambda x, w_q, w_k, w_v: _head(x, w_q, w_q, w_q), _OWN),
     hint="Expected softmax(q @ k.T / sqrt(d_k), dim=-1) @ v, q, k, v = x @ w_q, x @ w_k, x @ w_v.",
     crash_hint="q, k and v are x @ w_q, x @ w_k and x @ w_v; the scores are q @ k.T.",
-    forbidden=_NO_SDPA,
+    forbidden=NO_SDPA,
     forbidden_hint="write the head from matmul and softmax, without a ready-made attention.",
     solution=_head,
     doc="Check ``fn(x (L, E), w_q (E, D), w_k (E, D), w_v (E, Dv)) -> out (L, Dv)``, one head.",
 )
-# fmt: on
 
 
 def _as_matrix(answer: object) -> Tensor:
@@ -146,32 +120,30 @@ def _as_matrix(answer: object) -> Tensor:
         ) from None
 
 
-def _seed_head(w: Tensor, **kwargs: Any) -> Tensor:
+def _seed_head(w: Tensor, **slip: Any) -> Tensor:
     """A head of the seed's example, where Q = K = V = X @ w: (3, 2)."""
-    return _head(CAT_EATS_FISH, w, w, w, **kwargs)
+    return _head(CAT_EATS_FISH, w, w, w, **slip)
 
 
-# fmt: off
-_HEAD2_PREDICTION_MISTAKES = (
-    Mistake(lambda truth: _seed_head(HEAD_PROJECTIONS[1], scale=1.0, weigh=_no_softmax),
-            "The seed's scores @ V2: add scale and softmax (equal scores then get 1/3 each)."),
-    Mistake(lambda truth: _seed_head(HEAD_PROJECTIONS[1], scale=1.0),
-            "Divide the scores by sqrt(2) before the softmax: e^0.71 / (e^0.71 + 2) = 0.50."),
-    Mistake(lambda truth: truth * torch.tensor([[0.0], [1.0], [0.0]]),
-            "猫 and 鱼 see three equal scores (0): weights 1/3 each, output the mean of V2's rows."),
-    Mistake(lambda truth: _seed_head(HEAD_PROJECTIONS[0]), "That is head 1; W2 = diag(0, 1)."),
-    Mistake(lambda truth: truth.flip(-1), "Columns swapped: W2 = diag(0, 1) zeroes the first."),
-)
-HEAD2_PREDICTION = Exercise(
-    "check_head2_prediction", "row 1 (吃) ≈ [0, 0.50], rows 0 and 2 = [0, 1/3]",
+_SEED_V2 = "The seed's scores @ V2: add scale and softmax (equal scores then get 1/3 each)."
+_SQRT_2 = "Divide the scores by sqrt(2) before the softmax: e^0.71 / (e^0.71 + 2) = 0.50."
+_EQUAL = "猫 and 鱼 see three equal scores (0): weights 1/3 each, output the mean of V2's rows."
+HEAD2_PREDICTION = prediction(
+    "check_head2_prediction",
+    "row 1 (吃) ≈ [0, 0.50], rows 0 and 2 = [0, 1/3]",
     lambda: F.scaled_dot_product_attention(*(CAT_EATS_FISH @ HEAD_PROJECTIONS[1],) * 3),
-    mistakes=_HEAD2_PREDICTION_MISTAKES,
+    (lambda t: _seed_head(HEAD_PROJECTIONS[1], scale=1.0, weigh=_no_softmax), _SEED_V2),
+    (lambda t: _seed_head(HEAD_PROJECTIONS[1], scale=1.0), _SQRT_2),
+    (lambda t: t * torch.tensor([[0.0], [1.0], [0.0]]), _EQUAL),
+    (lambda t: _seed_head(HEAD_PROJECTIONS[0]), "That is head 1; W2 = diag(0, 1)."),
+    (lambda t: t.flip(-1), "Columns swapped: W2 = diag(0, 1) zeroes the first."),
     hint="That is not head 2. Row i: scores q_i . k_j / sqrt(2), softmax over j, weighted sum of "
     "the rows of V2 = X @ W2.",
-    atol=0.01, rtol=0.0, prediction=True, convert=_as_matrix, params=("answer",),
+    atol=0.01,
+    rtol=0.0,
+    convert=_as_matrix,
     doc="Check a hand-computed head 2 (L, D) = (3, 2) of the seed's example, to two decimals.",
 )
-# fmt: on
 
 
 def _permuted_cases() -> list[Case]:
@@ -189,25 +161,19 @@ def _permuted_cases() -> list[Case]:
     return [Case(f"fn(out, perm={p.tolist()})", (out, p), expected=y) for p, y in zip(perms, got)]
 
 
-# fmt: off
-_PERMUTED_OUTPUTS_MISTAKES = (
-    Mistake(lambda out, perm: out, "Each token's output travels with it: reorder out's rows."),
-    Mistake(lambda out, perm: out[torch.argsort(perm)],
-            "That is the inverse permutation: new row i is old row perm[i], out[perm[i]]."),
-)
-PERMUTED_OUTPUTS = Exercise(
-    "check_permuted_outputs", "reorder the tokens and the outputs reorder the same way",
-    lambda out, perm: out[perm], _permuted_cases, _PERMUTED_OUTPUTS_MISTAKES,
+_INVERSE = "That is the inverse permutation: new row i is old row perm[i], out[perm[i]]."
+PERMUTED_OUTPUTS = exercise(
+    "check_permuted_outputs",
+    "reorder the tokens and the outputs reorder the same way",
+    lambda out, perm: out[perm],
+    _permuted_cases,
+    (lambda out, perm: out, "Each token's output travels with it: reorder out's rows."),
+    (lambda out, perm: out[torch.argsort(perm)], _INVERSE),
     hint="Self-attention without positions is permutation-equivariant: "
     "attention(x[perm]) = attention(x)[perm].",
     crash_hint="Index the rows of out with perm.",
     doc="Check ``fn(out (L, E), perm (L,)) -> (L, E)``: the output of torch's "
     "``nn.MultiheadAttention`` (no positions) for ``x[perm]``, predicted from its output for x.",
 )
-# fmt: on
 
-EXERCISES = (LOOKUP_WEIGHTS, SEED_HEAD_FIX, HEAD2_PREDICTION, PERMUTED_OUTPUTS)
-check_lookup_weights = LOOKUP_WEIGHTS.checker()
-check_seed_head_fix = SEED_HEAD_FIX.checker()
-check_head2_prediction = HEAD2_PREDICTION.checker()
-check_permuted_outputs = PERMUTED_OUTPUTS.checker()
+EXERCISES = publish(globals())

@@ -1,14 +1,11 @@
-"""Chapter 2, scaled dot-product attention: the exercises as data for :mod:`._harness`.
-
-References: ``torch.softmax`` and ``F.scaled_dot_product_attention``, which the learner must not
-call (a tripwire); mistakes: no max subtraction (or the mean, the first element, a global max), the
-wrong axis, the wrong scale, no transpose. Tolerances follow the dtype and the logits' magnitude.
-"""
+"""Chapter 2, scaled dot-product attention: the exercises as data for :mod:`._harness`. Softmax
+tolerances follow the dtype and the logits' magnitude."""
 
 from __future__ import annotations
 
 import math
 import numbers
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +13,7 @@ from torch import Tensor
 
 import mha
 
-from ._harness import Case, Exercise, ExerciseError, Mistake, as_shape, publish
+from ._harness import NO_SDPA, Case, ExerciseError, as_shape, attend, exercise, prediction, publish
 
 _SOFTMAXES = ("softmax", "log_softmax")
 _AXIS = "Use `dim` in both the max and the sum, with keepdim=True so that they broadcast back."
@@ -57,34 +54,36 @@ def _softmax_cases() -> list[Case]:  # exp(89) overflows float32, exp(12) float1
     ]
 
 
-# fmt: off
-_SOFTMAX_MISTAKES = (
-    Mistake(lambda x, dim=-1: _shifted(x, x.mean(dim, keepdim=True), dim),
-            f"Only the row *maximum* keeps exponents <= 0: [1000, 0] minus its mean is [500, -500]; {_OVERFLOW}."),
-    Mistake(lambda x, dim=-1: _shifted(x, x.narrow(dim, 0, 1), dim),
-            f"Subtract the row maximum, not the first element: [0, 1000] stays as it is, and {_OVERFLOW}."),
-    Mistake(lambda x, dim=-1: _normalise(x.exp(), dim),
-            f"exp() overflowed: {_OVERFLOW}. Subtract the maximum along `dim` first."),
-    Mistake(lambda x, dim=-1: _shifted(x, x.max(), dim),
-            "Subtract each slice's own maximum, x.amax(dim, keepdim=True): rows far below a global one give 0/0."),
-    Mistake(lambda x, dim=-1: _shifted(x, x.amax(-1, keepdim=True)), f"Not along `dim`. {_AXIS}"),
-    Mistake(lambda x, dim=-1: _shifted(x, x.max(), None), f"You divided by the total. {_AXIS}"),
-    Mistake(lambda x, dim=-1: _shifted(x.float(), x.float().amax(dim, keepdim=True), dim),
-            "Return the input's dtype (compute in float32 inside if you like, then convert back)."),
+_BY_MEAN = f"Only the row *maximum* keeps exponents <= 0: [1000, 0] minus its mean is [500, -500]; {_OVERFLOW}."
+_BY_FIRST = (
+    f"Subtract the row maximum, not the first element: [0, 1000] stays as it is, and {_OVERFLOW}."
 )
-SOFTMAX = Exercise(
-    "check_softmax", "stable for large logits, right axis, float16 included",
-    lambda x, dim=-1: torch.softmax(x.double(), dim=dim).to(x.dtype), _softmax_cases,
-    _SOFTMAX_MISTAKES, hint="Each slice along `dim` must be exp(x - max) divided by its own sum.",
-    crash_hint=_AXIS, exact_dtype=True,
+_NAIVE = f"exp() overflowed: {_OVERFLOW}. Subtract the maximum along `dim` first."
+_GLOBAL_MAX = "Subtract each slice's own maximum, x.amax(dim, keepdim=True): rows far below a global one give 0/0."
+_DTYPE = "Return the input's dtype (compute in float32 inside if you like, then convert back)."
+SOFTMAX = exercise(
+    "check_softmax",
+    "stable for large logits, right axis, float16 included",
+    lambda x, dim=-1: torch.softmax(x.double(), dim=dim).to(x.dtype),
+    _softmax_cases,
+    (lambda x, dim=-1: _shifted(x, x.mean(dim, keepdim=True), dim), _BY_MEAN),
+    (lambda x, dim=-1: _shifted(x, x.narrow(dim, 0, 1), dim), _BY_FIRST),
+    (lambda x, dim=-1: _normalise(x.exp(), dim), _NAIVE),
+    (lambda x, dim=-1: _shifted(x, x.max(), dim), _GLOBAL_MAX),
+    (lambda x, dim=-1: _shifted(x, x.amax(-1, keepdim=True)), f"Not along `dim`. {_AXIS}"),
+    (lambda x, dim=-1: _shifted(x, x.max(), None), f"You divided by the total. {_AXIS}"),
+    (lambda x, dim=-1: _shifted(x.float(), x.float().amax(dim, keepdim=True), dim), _DTYPE),
+    hint="Each slice along `dim` must be exp(x - max) divided by its own sum.",
+    crash_hint=_AXIS,
+    exact_dtype=True,
     forbidden=[(m, n) for m in (torch, torch.special, F, Tensor, mha) for n in _SOFTMAXES],
     forbidden_hint="write softmax yourself from exp, max and sum, without calling "
     "torch.softmax or its aliases.",
-    solution=lambda x, dim=-1: _shifted(x, x.amax(dim, keepdim=True), dim), params=("my_softmax",),
+    solution=lambda x, dim=-1: _shifted(x, x.amax(dim, keepdim=True), dim),
+    params=("my_softmax",),
     doc="Check a hand-written, numerically stable ``my_softmax(x, dim=-1)`` (no torch.softmax) "
     "against ``torch.softmax``: small and large logits, a middle axis, float16.",
 )
-# fmt: on
 
 
 def _variances() -> tuple[float, float]:
@@ -102,27 +101,25 @@ def _as_numbers(answer: tuple[object, object]) -> tuple[float, float]:
 
 
 _SCALED = "dividing a variable by c divides its variance by c², here by d_k."
-# fmt: off
-_QK_VARIANCE_PREDICTION_MISTAKES = (
-    Mistake(lambda t: (math.sqrt(t[0]), t[1]), "that is the standard deviation √d_k; square it."),
-    Mistake(lambda t: (1.0, t[1]), "the variances of the 64 independent products add up."),
-    Mistake(lambda t: (t[0], 1 / math.sqrt(64)), _SCALED),
-    Mistake(lambda t: (t[0], math.sqrt(64)), _SCALED),
-)
-QK_VARIANCE_PREDICTION = Exercise(
+QK_VARIANCE_PREDICTION = prediction(
     "check_qk_variance_prediction",
-    lambda want: f"measured {want[0]:.1f} unscaled and {want[1]:.2f} scaled", _variances,
-    mistakes=_QK_VARIANCE_PREDICTION_MISTAKES,
+    lambda want: f"measured {want[0]:.1f} unscaled and {want[1]:.2f} scaled",
+    _variances,
+    (lambda t: (math.sqrt(t[0]), t[1]), "that is the standard deviation √d_k; square it."),
+    (lambda t: (1.0, t[1]), "the variances of the 64 independent products add up."),
+    (lambda t: (t[0], 1 / math.sqrt(64)), _SCALED),
+    (lambda t: (t[0], math.sqrt(64)), _SCALED),
     hint={
         "unscaled": "q·k is a sum of d_k independent products q_i·k_i, each of variance 1.",
         "scaled": "Var(x / c) = Var(x) / c²; with c = √d_k that undoes the growth exactly.",
     },
-    atol=0.0, rtol=0.1, outputs=("unscaled", "scaled"), prediction=True, convert=_as_numbers,
-    params=("unscaled", "scaled"),
+    atol=0.0,
+    rtol=0.1,
+    outputs=("unscaled", "scaled"),
+    convert=_as_numbers,
     doc="Check predicted variances of q·k and q·k/√64 for standard normal q, k (d_k = 64), within "
     "10% of the variances measured on 100,000 random pairs.",
 )
-# fmt: on
 
 
 def _true_shapes() -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -131,36 +128,28 @@ def _true_shapes() -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(weights.shape), tuple(F.scaled_dot_product_attention(q, k, v).shape)
 
 
-# fmt: off
-_SHAPE_PREDICTION_MISTAKES = (
-    Mistake(lambda t: ((2, 8, 7, 10), t[1]), "rows are queries (L = 10), columns keys (S = 7)."),
-    Mistake(lambda t: ((2, 8, 10, 64), t[1]), "q @ kᵀ sums the head dim D away."),
-    Mistake(lambda t: (t[0], (2, 8, 10, 64)), "the output's last dim is the value dim Dv = 32."),
-    Mistake(lambda t: (t[0], (2, 8, 7, 32)), "one output row per query (L = 10)."),
-)
-SHAPE_PREDICTION = Exercise(
-    "check_shape_prediction", lambda want: f"weights {want[0]}, out {want[1]}", _true_shapes,
-    mistakes=_SHAPE_PREDICTION_MISTAKES,
+SHAPE_PREDICTION = prediction(
+    "check_shape_prediction",
+    lambda want: f"weights {want[0]}, out {want[1]}",
+    _true_shapes,
+    (lambda t: ((2, 8, 7, 10), t[1]), "rows are queries (L = 10), columns keys (S = 7)."),
+    (lambda t: ((2, 8, 10, 64), t[1]), "q @ kᵀ sums the head dim D away."),
+    (lambda t: (t[0], (2, 8, 10, 64)), "the output's last dim is the value dim Dv = 32."),
+    (lambda t: (t[0], (2, 8, 7, 32)), "one output row per query (L = 10)."),
     hint={
         "weights": "one weight per (query, key) pair in every batch and head: (B, H, L, S).",
         "out": "(B, H, L, S) weights times (B, H, S, Dv) values gives (B, H, L, Dv).",
     },
-    outputs=("weights", "out"), prediction=True, params=("weights", "out"),
+    outputs=("weights", "out"),
     convert=lambda answer: (as_shape(answer[0], "weights"), as_shape(answer[1], "out")),
     doc="Check the predicted shapes of the weights and the output of attention with query "
     "(2, 8, 10, 64), key (2, 8, 7, 64), value (2, 8, 7, 32), found by running torch's operators.",
 )
-# fmt: on
 
 _TRANSPOSE = (
     "Transpose the last two dims with k.transpose(-2, -1) (or k.mT): negative dims work for any "
     "number of batch dims, while k.T reverses them all."
 )
-
-
-def _attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, dim: int = -1):
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return torch.softmax(q @ k.transpose(-2, -1) * scale, dim=dim) @ v  # (..., L, Dv)
 
 
 def _sdpa_cases() -> list[Case]:
@@ -174,30 +163,28 @@ def _sdpa_cases() -> list[Case]:
     return [*cases, Case("my_attention(q, k, v) with q (3, 4), k (7, 4), v (7, 2)", (q, k, v))]
 
 
-# fmt: off
-_SDPA_MISTAKES = (
-    Mistake(lambda q, k, v: _attention(q, k, v, 1.0), "Scale the scores by 1/√D, D = q.shape[-1]."),
-    Mistake(lambda q, k, v: _attention(q, k, v, 1 / q.shape[-1]), "The scale is 1/√D, not 1/D."),
-    Mistake(lambda q, k, v: _attention(q, k, v, q.shape[-1] ** 0.5), "Divide by √D, not multiply."),
-    Mistake(lambda q, k, v: _attention(q, k, v, dim=-2),
-            "Softmax over the keys (dim=-1), so that each query's weights sum to 1."),
-    Mistake(lambda q, k, v: _attention(q, k.transpose(-2, -1), v), _TRANSPOSE),
-    Mistake(lambda q, k, v: _attention(q, k, torch.eye(k.shape[-2])),
-            "Those are the weights (..., L, S): multiply them by v."),
-    Mistake(lambda q, k, v: (_attention(q, k, v), q @ k.mT), "Return only the output tensor."),
-)
-SDPA = Exercise(
-    "check_sdpa", "matches torch's scaled_dot_product_attention for 2-D, 3-D and 4-D inputs",
-    F.scaled_dot_product_attention, _sdpa_cases, _SDPA_MISTAKES,
-    hint="out must equal softmax(q @ kᵀ / √D, dim=-1) @ v.", crash_hint=_TRANSPOSE,
-    forbidden=[(F, "scaled_dot_product_attention"), (mha, "scaled_dot_product_attention")],
+_SUM_TO_1 = "Softmax over the keys (dim=-1), so that each query's weights sum to 1."
+SDPA = exercise(
+    "check_sdpa",
+    "matches torch's scaled_dot_product_attention for 2-D, 3-D and 4-D inputs",
+    F.scaled_dot_product_attention,
+    _sdpa_cases,
+    (partial(attend, scale=1.0), "Scale the scores by 1/√D, D = q.shape[-1]."),
+    (lambda q, k, v: attend(q, k, v, scale=1 / q.shape[-1]), "The scale is 1/√D, not 1/D."),
+    (lambda q, k, v: attend(q, k, v, scale=q.shape[-1] ** 0.5), "Divide by √D, not multiply."),
+    (partial(attend, dim=-2), _SUM_TO_1),
+    (lambda q, k, v: attend(q, k.transpose(-2, -1), v), _TRANSPOSE),
+    (lambda q, k, v: attend(q, k), "Those are the weights (..., L, S): multiply them by v."),
+    (lambda q, k, v: (attend(q, k, v), q @ k.mT), "Return only the output tensor."),
+    hint="out must equal softmax(q @ kᵀ / √D, dim=-1) @ v.",
+    crash_hint=_TRANSPOSE,
+    forbidden=NO_SDPA,
     forbidden_hint="build attention from matmul and softmax yourself, without calling a "
     "ready-made scaled_dot_product_attention.",
-    solution=_attention, params=("my_attention",),
+    solution=attend,
+    params=("my_attention",),
     doc="Check a hand-written ``my_attention(q, k, v)`` = softmax(q kᵀ / √D) v against "
     "``F.scaled_dot_product_attention`` (which it must not call): 2-D to 4-D, L ≠ S, D ≠ Dv.",
 )
-# fmt: on
 
-EXERCISES = (SOFTMAX, QK_VARIANCE_PREDICTION, SHAPE_PREDICTION, SDPA)
-publish(globals(), EXERCISES)
+EXERCISES = publish(globals())

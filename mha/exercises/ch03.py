@@ -1,13 +1,8 @@
-"""Chapter 3, multi-head attention: the exercises as data for :mod:`._harness`.
-
-References: torch's ``F.multi_head_attention_forward`` (which the learner must not call) and a
-head split by slicing; mistakes: ``view`` without ``transpose`` (the post ``002``), interleaved
-heads, the wrong scale, no W_O.
-"""
+"""Chapter 3, multi-head attention: the exercises as data for :mod:`._harness`, the post
+``002``'s ``view`` without ``transpose`` among the mistakes."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -17,7 +12,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..multihead import MultiHeadAttention
-from ._harness import Case, Exercise, ExerciseError, Mistake, as_int, as_mapping, as_shape, publish
+from ._harness import (
+    Case,
+    ExerciseError,
+    as_int,
+    as_mapping,
+    as_shape,
+    exercise,
+    prediction,
+    publish,
+)
 
 # Split (B, N, H·D) -> (B, H, N, D) and merge back: right (by slicing, so that it cannot share a
 # layout mistake with the learner's view) and the usual wrong ways.
@@ -55,24 +59,25 @@ def _split_cases() -> list[Case]:
     return [Case(f"split_heads(x, {H}) with x of shape {tuple(x.shape)}", (x, H)) for x, H in cases]
 
 
-# fmt: off
-_SPLIT_HEADS_MISTAKES = (
-    Mistake(_SPLITS["flat"], _SPLIT_FLAT),
-    Mistake(lambda x, H: x.reshape(x.shape[0] * H, -1, x.shape[-1] // H),
-            f"The post's (B·H, L, D) layout, and more than a shape problem. {_SPLIT_FLAT}"),
-    Mistake(lambda x, H: x.unflatten(-1, (H, -1)),
-            "Move the heads in front of the tokens with .transpose(1, 2): (B, H, L, D)."),
-    Mistake(_SPLITS["interleaved"], _INTERLEAVED),
-)
-SPLIT_HEADS = Exercise(
-    "check_split_heads", "head h holds features h·D..(h+1)·D-1 of every token", _SPLITS["ok"],
-    _split_cases, _SPLIT_HEADS_MISTAKES, hint="Head h of token i must be x[b, i, h·D:(h+1)·D].",
-    crash_hint="x.view(B, L, H, D).transpose(1, 2) works for any B and L.", atol=0.0, rtol=0.0,
+_WRONG_SPLIT = f"The post's (B·H, L, D) layout, and more than a shape problem. {_SPLIT_FLAT}"
+_NOT_IN_FRONT = "Move the heads in front of the tokens with .transpose(1, 2): (B, H, L, D)."
+SPLIT_HEADS = exercise(
+    "check_split_heads",
+    "head h holds features h·D..(h+1)·D-1 of every token",
+    _SPLITS["ok"],
+    _split_cases,
+    (_SPLITS["flat"], _SPLIT_FLAT),
+    (lambda x, H: x.reshape(x.shape[0] * H, -1, x.shape[-1] // H), _WRONG_SPLIT),
+    (lambda x, H: x.unflatten(-1, (H, -1)), _NOT_IN_FRONT),
+    (_SPLITS["interleaved"], _INTERLEAVED),
+    hint="Head h of token i must be x[b, i, h·D:(h+1)·D].",
+    crash_hint="x.view(B, L, H, D).transpose(1, 2) works for any B and L.",
+    atol=0.0,
+    rtol=0.0,
     params=("split_heads",),
     doc="Check ``split_heads(x, num_heads)``: (B, L, E) -> (B, H, L, D), head h = features "
     "h·D..(h+1)·D-1 of every token, as in ``nn.MultiheadAttention``.",
 )
-# fmt: on
 
 
 def _merge_cases() -> list[Case]:
@@ -81,26 +86,24 @@ def _merge_cases() -> list[Case]:
     return [Case(f"merge_heads(x) with x of shape {tuple(x.shape)}", (x,)) for x in cases]
 
 
-# fmt: off
-_MERGE_HEADS_MISTAKES = (
-    Mistake(_MERGES["flat"], _MERGE_FLAT),
-    Mistake(lambda x: x.transpose(1, 2).view(x.shape[0], x.shape[2], -1),
-            "After a transpose view() fails: use .reshape(...) (or .contiguous().view(...))."),
-    Mistake(_MERGES["interleaved"], "Concatenate whole heads, not feature by feature."),
-    Mistake(lambda x: x.flatten(1, 2), "Concatenate the heads along the features, not tokens."),
-)
-MERGE_HEADS = Exercise(
-    "check_merge_heads", "heads concatenated in order along the features", _MERGES["ok"],
-    _merge_cases, _MERGE_HEADS_MISTAKES,
+_VIEW = "After a transpose view() fails: use .reshape(...) (or .contiguous().view(...))."
+MERGE_HEADS = exercise(
+    "check_merge_heads",
+    "heads concatenated in order along the features",
+    _MERGES["ok"],
+    _merge_cases,
+    (_MERGES["flat"], _MERGE_FLAT),
+    (lambda x: x.transpose(1, 2).view(x.shape[0], x.shape[2], -1), _VIEW),
+    (_MERGES["interleaved"], "Concatenate whole heads, not feature by feature."),
+    (lambda x: x.flatten(1, 2), "Concatenate the heads along the features, not tokens."),
     hint="Row i of the result must be torch.cat([x[b, 0, i], x[b, 1, i], ...]).",
-    crash_hint="x.transpose(1, 2).reshape(B, L, H·D) works for any B, H, L, D.", atol=0.0, rtol=0.0,
+    crash_hint="x.transpose(1, 2).reshape(B, L, H·D) works for any B, H, L, D.",
+    atol=0.0,
+    rtol=0.0,
     params=("merge_heads",),
     doc="Check ``merge_heads(x)``: (B, H, L, D) -> (B, L, H·D), row i = [head 0 of token i | "
     "head 1 of token i | ...].",
 )
-# fmt: on
-
-_Projs = tuple[nn.Module, nn.Module, nn.Module, nn.Module]  # q_proj, k_proj, v_proj, out_proj
 
 
 @torch.no_grad()
@@ -119,27 +122,25 @@ def _torch_mha(query: Tensor, key: Tensor, value: Tensor, *args: Any) -> Tensor:
 
 
 @torch.no_grad()
-def _mha_variant(
-    query: Tensor, key: Tensor, value: Tensor, *projs_and_heads: Any, split: str = "ok",
-    merge: str = "ok", scale: str = "head", dim: int = -1, project: bool = True,
-) -> Tensor:  # fmt: skip
-    """Multi-head attention written out: right with the defaults, or with one usual mistake."""
-    *projs, H = projs_and_heads
-    q, k, v = (_SPLITS[split](p(t), H) for p, t in zip(projs, (query, key, value)))  # (B, H, N, D)
-    factor = {"head": 1 / math.sqrt(q.shape[-1]), "none": 1.0, "model": query.shape[-1] ** -0.5}
-    heads = torch.softmax(q @ k.transpose(-2, -1) * factor[scale], dim=dim) @ v  # (B, H, L, D)
+def _mha_variant(query: Tensor, key: Tensor, value: Tensor, *args: Any, **slip: Any) -> Tensor:
+    """Multi-head attention written out, ``args`` as in :func:`_torch_mha`: right without ``slip``,
+    or with one usual mistake."""
+    *projs, H = args
+    split, merge = _SPLITS[slip.get("split", "ok")], slip.get("merge", "ok")
+    q, k, v = (split(p(t), H) for p, t in zip(projs, (query, key, value)))  # (B, H, N, D)
+    factor = {"head": q.shape[-1] ** -0.5, "none": 1.0, "model": query.shape[-1] ** -0.5}
+    scores = q @ k.transpose(-2, -1) * factor[slip.get("scale", "head")]  # (B, H, L, S)
+    heads = torch.softmax(scores, dim=slip.get("dim", -1)) @ v  # (B, H, L, D)
     if merge == "none":
         return heads  # the heads never merged
     out = _MERGES[merge](heads)  # (B, L, E)
-    return projs[3](out) if project else out
+    return projs[3](out) if slip.get("project", True) else out
 
 
 _D = "D = E // num_heads"
+_BOTH_FLAT = f"Split and merge, as the post's second implementation does: {_SPLIT_FLAT}"
 _MHA_MISTAKES: list[tuple[dict[str, Any], str]] = [
-    (
-        {"split": "flat", "merge": "flat"},
-        f"Split and merge, as the post's second implementation does: {_SPLIT_FLAT}",
-    ),
+    ({"split": "flat", "merge": "flat"}, _BOTH_FLAT),
     ({"split": "flat"}, _SPLIT_FLAT),
     ({"merge": "flat"}, f"The split is right, the merge is not. {_MERGE_FLAT}"),
     ({"split": "interleaved", "merge": "interleaved"}, _INTERLEAVED),
@@ -184,26 +185,30 @@ def _forward_cases() -> list[Case]:
     ]
 
 
-# fmt: off
-MULTI_HEAD_FORWARD = Exercise(
-    "check_multi_head_forward", "matches torch.nn.MultiheadAttention, self- and cross-attention",
-    _torch_mha, _forward_cases,
-    tuple(Mistake(partial(_mha_variant, **kwargs), hint) for kwargs, hint in _MHA_MISTAKES),
+MULTI_HEAD_FORWARD = exercise(
+    "check_multi_head_forward",
+    "matches torch.nn.MultiheadAttention, self- and cross-attention",
+    _torch_mha,
+    _forward_cases,
+    *((partial(_mha_variant, **slip), hint) for slip, hint in _MHA_MISTAKES),
     hint=_MHA_HINT,
     crash_hint="Name the shapes at every step: (B, L, E) -> (B, H, L, D) -> (B, H, L, S) -> "
     "(B, H, L, D) -> (B, L, E).",
-    atol=1e-4, rtol=1e-4, forbidden=_NO_TORCH_MHA, forbidden_hint=_NO_TORCH_MHA_HINT,
-    solution=_mha_variant, params=("multi_head_forward",),
+    atol=1e-4,
+    rtol=1e-4,
+    forbidden=_NO_TORCH_MHA,
+    forbidden_hint=_NO_TORCH_MHA_HINT,
+    solution=_mha_variant,
+    params=("multi_head_forward",),
     doc="Check ``multi_head_forward(query, key, value, q_proj, k_proj, v_proj, out_proj, "
     "num_heads) -> (B, L, E)`` against torch's ``nn.MultiheadAttention`` with those weights, on "
     "self-attention and on cross-attention with L ≠ S and kdim ≠ vdim ≠ E.",
 )
-# fmt: on
 
 _POST_LAYERS = ("query_fc", "key_fc", "value_fc", "fc")
 
 
-def _post_class(**variant: Any) -> type[nn.Module]:
+def _post_class(**slip: Any) -> type[nn.Module]:
     """The post's class ``MultiHeadAttention(d_model, num_heads)``, computing ``_mha_variant``."""
 
     class Post(nn.Module):
@@ -215,7 +220,7 @@ def _post_class(**variant: Any) -> type[nn.Module]:
 
         def forward(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
             layers = (getattr(self, name) for name in _POST_LAYERS)
-            return _mha_variant(query, key, value, *layers, self.num_heads, **variant)
+            return _mha_variant(query, key, value, *layers, self.num_heads, **slip)
 
     return Post
 
@@ -251,19 +256,25 @@ def _seed_fix_cases() -> list[Case]:
     return [own, Case(label, (query, key, key, *own.args[3:]))]
 
 
-# fmt: off
-SEED_MHA_FIX = Exercise(
-    "check_seed_mha_fix", "the post's class now matches torch.nn.MultiheadAttention", _torch_mha,
-    _seed_fix_cases, tuple(Mistake(_post_class(**kwargs), hint) for kwargs, hint in _MHA_MISTAKES),
+SEED_MHA_FIX = exercise(
+    "check_seed_mha_fix",
+    "the post's class now matches torch.nn.MultiheadAttention",
+    _torch_mha,
+    _seed_fix_cases,
+    *((_post_class(**slip), hint) for slip, hint in _MHA_MISTAKES),
     hint=_MHA_HINT,
     crash_hint="Split with view(B, N, H, D).transpose(1, 2), merge with transpose(1, 2).reshape.",
-    atol=1e-4, rtol=1e-4, call=_run_post_class, forbidden=_NO_TORCH_MHA,
-    forbidden_hint=_NO_TORCH_MHA_HINT, solution=_post_class(), params=("cls",),
+    atol=1e-4,
+    rtol=1e-4,
+    call=_run_post_class,
+    forbidden=_NO_TORCH_MHA,
+    forbidden_hint=_NO_TORCH_MHA_HINT,
+    solution=_post_class(),
+    params=("cls",),
     doc="Check a repaired version of the post's class ``MultiHeadAttention(d_model, num_heads)`` "
     "(layers ``query_fc``, ``key_fc``, ``value_fc``, ``fc``; ``forward(query, key, value)``) "
     "against torch's ``nn.MultiheadAttention`` with the same weights, self- and cross-attention.",
 )
-# fmt: on
 
 #: The module and inputs of the "predict the shapes" exercise.
 SHAPE_EXERCISE: dict[str, Any] = {
@@ -305,12 +316,12 @@ def _as_predictions(predictions: object) -> tuple[object, ...]:
 
 _KV = "k_proj and v_proj map kdim / vdim to num_kv_heads·D features (D = embed_dim // num_heads)."
 _QO = "q_proj maps E to E (H heads of D), and out_proj maps the concatenated heads (E) to E."
-# fmt: off
-MHA_SHAPE_PREDICTIONS = Exercise(
-    "check_mha_shape_predictions", f"all {len(_SHAPE_KEYS)} predictions match the running module",
+MHA_SHAPE_PREDICTIONS = prediction(
+    "check_mha_shape_predictions",
+    f"all {len(_SHAPE_KEYS)} predictions match the running module",
     _true_shapes,
-    mistakes=tuple(  # q_proj and out_proj are square
-        Mistake(lambda t, n=n: {**t, n: t[n][::-1]}, "nn.Linear's weight is (out, in) features.")
+    *(  # q_proj and out_proj are square
+        (lambda t, n=n: {**t, n: t[n][::-1]}, "nn.Linear's weight is (out, in) features.")
         for n in ("k_proj.weight", "v_proj.weight")
     ),
     hint={
@@ -321,12 +332,12 @@ MHA_SHAPE_PREDICTIONS = Exercise(
         "num_parameters": "count the four projections' weights and biases: "
         "out_features·(in_features + 1) each.",
     },
-    outputs=_SHAPE_KEYS, prediction=True, report_all=True, convert=_as_predictions,
+    outputs=_SHAPE_KEYS,
+    report_all=True,
+    convert=_as_predictions,
     params=("predictions",),
     doc="Check predicted shapes (the four ``*_proj.weight``, ``weights``, ``out``) and "
     "``num_parameters`` of :data:`SHAPE_EXERCISE`'s ``mha.MultiHeadAttention``, by running it.",
 )
-# fmt: on
 
-EXERCISES = (SPLIT_HEADS, MERGE_HEADS, MULTI_HEAD_FORWARD, SEED_MHA_FIX, MHA_SHAPE_PREDICTIONS)
-publish(globals(), EXERCISES)
+EXERCISES = publish(globals())

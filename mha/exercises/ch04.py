@@ -1,23 +1,18 @@
-"""Exercises of chapter 4, masking, as data for :mod:`._harness`.
-
-References: torch's operators (``torch.tril``, ``F.scaled_dot_product_attention``, which masked
-attention must not call). Mistakes: an inverted mask, an off-by-one diagonal, a shape that
-broadcasts the wrong way, a fill that overflows float16, NaN on rows with no key (forward and
-backward), ALiBi slopes counted from the wrong end.
-"""
+"""Chapter 4, masking: the exercises as data for :mod:`._harness`, with NaN on rows that see no
+key (forward and backward) and fills that overflow float16 among the mistakes."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-import mha
-
-from ._harness import Case, Exercise, ExerciseError, Mistake, as_shape, publish
+from ._harness import NO_SDPA, Case, ExerciseError, as_shape, exercise, prediction, publish
 
 _INVERTED = "Inverted: here (and in SDPA) True = may attend; flip it with ~."
 _NOT_BOOL = "Return a bool tensor: a 1/0 float mask is *added* to the scores and masks nothing."
@@ -28,64 +23,53 @@ def _padding(lengths: Tensor, S: int) -> Tensor:
     return (torch.arange(S)[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
 
 
-# fmt: off
-PADDING_MASK = Exercise(
-    "check_padding_mask", "(B, 1, 1, S) bool, True for real tokens", _padding,
+_ROWS_NOT_KEYS = "That shape masks queries (rows); padding hides *keys*: (B, 1, 1, S)."
+_OFF_BY_ONE = "One too {} token kept: a sequence of length n keeps positions j < n."
+PADDING_MASK = exercise(
+    "check_padding_mask",
+    "(B, 1, 1, S) bool, True for real tokens",
+    _padding,
     lambda: [
         Case(f"padding_mask(lengths={n}, S={S})", (torch.tensor(n), S))
         for n, S in (([3, 5, 0, 1], 5), ([2, 7], 7), ([4], 6))
     ],
-    (
-        Mistake(lambda lengths, S: ~_padding(lengths, S), _INVERTED),
-        *(
-            Mistake(
-                lambda lengths, S, d=d: _padding(lengths + d, S),
-                f"One too {how} token kept: a sequence of length n keeps positions j < n.",
-            )
-            for d, how in ((1, "many"), (-1, "few"))
-        ),
-        Mistake(lambda lengths, S: _padding(lengths, S)[:, 0, 0], _READ_AS_LS),
-        Mistake(
-            lambda lengths, S: _padding(lengths, S).transpose(-2, -1),
-            "That shape masks queries (rows); padding hides *keys*: (B, 1, 1, S).",
-        ),
-        Mistake(lambda lengths, S: _padding(lengths, S).float(), _NOT_BOOL),
-    ),
+    (lambda lengths, S: ~_padding(lengths, S), _INVERTED),
+    (lambda lengths, S: _padding(lengths + 1, S), _OFF_BY_ONE.format("many")),
+    (lambda lengths, S: _padding(lengths - 1, S), _OFF_BY_ONE.format("few")),
+    (lambda lengths, S: _padding(lengths, S)[:, 0, 0], _READ_AS_LS),
+    (lambda lengths, S: _padding(lengths, S).transpose(-2, -1), _ROWS_NOT_KEYS),
+    (lambda lengths, S: _padding(lengths, S).float(), _NOT_BOOL),
     hint="Keep position j of sequence b when j < lengths[b], shaped (B, 1, 1, S).",
     exact_dtype=True,
     doc="Check ``fn(lengths, S)``: the ``(B, 1, 1, S)`` keep-mask of right-padded sequences.",
 )
-# fmt: on
 
 
 def _ones(L: int, S: int | None = None) -> Tensor:
     return torch.ones(L, L if S is None else S, dtype=torch.bool)  # (L, S)
 
 
-# fmt: off
-_CAUSAL_MASK_MISTAKES = (
-    Mistake(lambda L, S=None: ~_ones(L, S).tril(), _INVERTED),
-    Mistake(lambda L, S=None: _ones(L, S).tril(-1),
-            "A token may attend to itself: keep the diagonal."),
-    Mistake(lambda L, S=None: _ones(L, S).tril(1), "Shifted by one: each query sees a future key."),
-    Mistake(lambda L, S=None: _ones(L, S).triu(), "The upper triangle sees the *future*."),
-    Mistake(lambda L, S=None: _ones(L, S).tril((S or L) - L),
-            "That is the bottom-right alignment (for a cache); torch's is_causal is top-left."),
-    Mistake(lambda L, S=None: _ones(L).tril(), "The columns are the S keys: (L, S)."),
-    Mistake(lambda L, S=None: _ones(L, S).tril().int(), _NOT_BOOL),
-)
-CAUSAL_MASK = Exercise(
-    "check_causal_mask", "(L, S) bool, True on and below the diagonal",
+_BOTTOM_RIGHT = "That is the bottom-right alignment (for a cache); torch's is_causal is top-left."
+CAUSAL_MASK = exercise(
+    "check_causal_mask",
+    "(L, S) bool, True on and below the diagonal",
     lambda L, S=None: _ones(L, S).tril(),
     lambda: [
         Case(f"causal_mask({', '.join(map(str, args))})", args)
         for args in ((4,), (1,), (3, 5), (5, 3))
     ],
-    _CAUSAL_MASK_MISTAKES, hint="Query i may attend to keys j <= i.", exact_dtype=True,
+    (lambda L, S=None: ~_ones(L, S).tril(), _INVERTED),
+    (lambda L, S=None: _ones(L, S).tril(-1), "A token may attend to itself: keep the diagonal."),
+    (lambda L, S=None: _ones(L, S).tril(1), "Shifted by one: each query sees a future key."),
+    (lambda L, S=None: _ones(L, S).triu(), "The upper triangle sees the *future*."),
+    (lambda L, S=None: _ones(L, S).tril((S or L) - L), _BOTTOM_RIGHT),
+    (lambda L, S=None: _ones(L).tril(), "The columns are the S keys: (L, S)."),
+    (lambda L, S=None: _ones(L, S).tril().int(), _NOT_BOOL),
+    hint="Query i may attend to keys j <= i.",
+    exact_dtype=True,
     doc="Check ``fn(L, S=None)``: the ``(L, S)`` causal keep-mask aligned top-left (torch's "
     "``is_causal``).",
 )
-# fmt: on
 
 
 def _left_padded_keep() -> Tensor:
@@ -99,9 +83,7 @@ def _mask_truth() -> tuple[tuple[int, ...], Tensor, list[int]]:
     return tuple(keep.shape), keep[1, 0], [i for i in range(4) if not keep[1, 0, i].any()]
 
 
-def _as_mask_prediction(
-    answer: tuple[object, Iterable[Iterable[object]], object],
-) -> tuple[object, ...]:
+def _as_mask_prediction(answer: tuple[Any, Iterable[Iterable[object]], Any]) -> tuple[Any, ...]:
     shape, rows, empty_rows = answer
     try:
         mask = torch.tensor([[bool(x) for x in row] for row in rows])
@@ -112,30 +94,33 @@ def _as_mask_prediction(
 
 _HINT_EMPTY = "A row is empty when every key it may see causally is padding (a naive NaN)."
 _TRAILING = "Broadcasting aligns trailing dims: (B, 1, 1, S) & (L, S) -> (B, 1, L, S)."
-
-# fmt: off
-_MASK_PREDICTION_MISTAKES = (
-    Mistake(lambda t: ((2, 4, 4), *t[1:]), _TRAILING),
-    Mistake(lambda t: ((2, 8, 4, 4), *t[1:]), "The head dim stays 1 until the scores meet it."),
-    Mistake(lambda t: (t[0], t[1], []), _HINT_EMPTY),
-    Mistake(lambda t: (t[0], _ones(4).tril(), []), "Keys 0 and 1 of sequence 1 are padding."),
-    Mistake(lambda t: (t[0], _left_padded_keep()[1, 0, -1].expand(4, 4), []),
-            "The mask is causal too: query i sees no key after i."),
-)
-MASK_PREDICTION = Exercise(
-    "check_mask_prediction", lambda want: f"shape {want[0]}, empty rows {want[2]}", _mask_truth,
-    mistakes=_MASK_PREDICTION_MISTAKES,
+_NOT_CAUSAL = "The mask is causal too: query i sees no key after i."
+MASK_PREDICTION = prediction(
+    "check_mask_prediction",
+    lambda want: f"shape {want[0]}, empty rows {want[2]}",
+    _mask_truth,
+    (lambda t: ((2, 4, 4), *t[1:]), _TRAILING),
+    (lambda t: ((2, 8, 4, 4), *t[1:]), "The head dim stays 1 until the scores meet it."),
+    (lambda t: (t[0], t[1], []), _HINT_EMPTY),
+    (lambda t: (t[0], _ones(4).tril(), []), "Keys 0 and 1 of sequence 1 are padding."),
+    (lambda t: (t[0], _left_padded_keep()[1, 0, -1].expand(4, 4), []), _NOT_CAUSAL),
     hint={
         "shape": _TRAILING,
         "mask": "Query i sees key j if j <= i AND key j is real (keys 0, 1 of sequence 1 are not).",
         "empty_rows": _HINT_EMPTY,
     },
-    outputs=("shape", "mask", "empty_rows"), prediction=True, convert=_as_mask_prediction,
-    params=("shape", "mask", "empty_rows"),
+    outputs=("shape", "mask", "empty_rows"),
+    convert=_as_mask_prediction,
     doc="Check predictions of ``keep.shape``, ``keep[1, 0]`` (0/1 rows) and the empty query rows "
     "for ``keep = real[:, None, None, :] & causal_mask(4)``, real = [[1, 1, 1, 1], [0, 0, 1, 1]].",
 )
-# fmt: on
+
+
+_TOLERANCES = {
+    torch.float32: (1e-4, 1e-3),
+    torch.float16: (5e-2, 5e-2),
+    torch.bfloat16: (5e-2, 5e-2),
+}
 
 
 def _attention_cases() -> list[Case]:
@@ -148,15 +133,10 @@ def _attention_cases() -> list[Case]:
     keep_empty[0, :, 4] = False
     cases = []
     for mask, empty in ((keep, ""), (keep_empty, " with a fully masked query row")):
-        for dtype, atol, rtol in (
-            (torch.float32, 1e-4, 1e-3),
-            (torch.float16, 5e-2, 5e-2),
-            (torch.bfloat16, 5e-2, 5e-2),
-        ):
+        for dtype, (atol, rtol) in _TOLERANCES.items():
             label = f"masked_attention(q, k, v, keep) in {str(dtype)[6:]}{empty}"
-            cases.append(
-                Case(label, (q.to(dtype), k.to(dtype), v.to(dtype), mask), atol=atol, rtol=rtol)
-            )
+            args = (*(t.to(dtype) for t in (q, k, v)), mask)
+            cases.append(Case(label, args, atol=atol, rtol=rtol))
     return cases
 
 
@@ -198,74 +178,67 @@ def _fill_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, fill: float, 
     return torch.softmax(scores.masked_fill(~keep, fill), dim=-1) @ v  # (B, H, L, D)
 
 
-# fmt: off
-_MASKED_ATTENTION_MISTAKES = (
-    Mistake(lambda q, k, v, keep: _fill_attention(q, k, v, keep, torch.finfo(q.dtype).min),
-            "With a finite fill a query with no key averages the hidden keys: zero rows with no key."),
-    Mistake(lambda q, k, v, keep: _fill_attention(q, k, v, keep, -1e9),
-            "-1e9 overflows float16 (max 65504): fill with float('-inf') or finfo(dtype).min."),
-    Mistake(lambda q, k, v, keep: _fill_attention(q, k, v, keep, -math.inf, nan_to_num=True),
-            "A forward NaN flows back even after nan_to_num or * 0: never softmax an all -inf row."),
-    Mistake(lambda q, k, v, keep: _fill_attention(q, k, v, keep, -math.inf),
-            "An all -inf row gives 0/0 = NaN: give rows with no key (keep.any(-1)) zero weights."),
-    Mistake(lambda q, k, v, keep: _fill_safe(q, k, v, keep).detach(),
-            "The result is not differentiable: build it from torch operations."),
+_FINITE = "With a finite fill a query with no key averages the hidden keys: zero rows with no key."
+_MINUS_1E9 = "-1e9 overflows float16 (max 65504): fill with float('-inf') or finfo(dtype).min."
+_NAN_FLOWS_BACK = (
+    "A forward NaN flows back even after nan_to_num or * 0: never softmax an all -inf row."
 )
-MASKED_ATTENTION = Exercise(
+_ALL_INF = "An all -inf row gives 0/0 = NaN: give rows with no key (keep.any(-1)) zero weights."
+_NOT_DIFFERENTIABLE = "The result is not differentiable: build it from torch operations."
+MASKED_ATTENTION = exercise(
     "check_masked_attention",
     "float32/float16/bfloat16, empty rows give zeros forward and backward",
-    lambda *args: _with_gradients(_reference_attention, Case("", args)), _attention_cases,
-    _MASKED_ATTENTION_MISTAKES,
+    lambda *args: _with_gradients(_reference_attention, Case("", args)),
+    _attention_cases,
+    (lambda q, k, v, keep: _fill_attention(q, k, v, keep, torch.finfo(q.dtype).min), _FINITE),
+    (partial(_fill_attention, fill=-1e9), _MINUS_1E9),
+    (partial(_fill_attention, fill=-math.inf, nan_to_num=True), _NAN_FLOWS_BACK),
+    (partial(_fill_attention, fill=-math.inf), _ALL_INF),
+    (lambda *args: _fill_safe(*args).detach(), _NOT_DIFFERENTIABLE),
     hint={
         "out": "Expected softmax(q @ kᵀ / sqrt(D), masked where keep is False) @ v.",
         **dict.fromkeys(
             ("grad_q", "grad_k", "grad_v"), "The gradient is wrong: mask with torch operations."
         ),
     },
-    outputs=("out", "grad_q", "grad_k", "grad_v"), call=_with_gradients,
-    forbidden=[(F, "scaled_dot_product_attention"), (mha, "scaled_dot_product_attention")],
+    outputs=("out", "grad_q", "grad_k", "grad_v"),
+    call=_with_gradients,
+    forbidden=NO_SDPA,
     forbidden_hint="write the masked softmax yourself, without a ready-made attention.",
     solution=_fill_safe,
     doc="Check ``fn(q, k, v, keep)``, masked attention equal to SDPA forward and backward, in "
     "float32, float16 and bfloat16, with zeros (never NaN) for a query whose keys are all masked.",
 )
-# fmt: on
 
-# fmt: off
-_MASK_CONVERSION_MISTAKES = (
-    Mistake(lambda am: (am == 1, (am == 1)[:, None, None, :]),
-            "key_padding_mask marks the keys to *ignore*: attention_mask == 0."),
-    Mistake(lambda am: (am == 0, (am == 0)[:, None, None, :]),
-            "SDPA's bool mask is True = attend (attention_mask == 1), the opposite of key_padding_mask."),
-    Mistake(lambda am: (am == 0, am == 1), _READ_AS_LS),
-    Mistake(lambda am: (1 - am, (am == 1)[:, None, None, :]), _NOT_BOOL),
-    Mistake(lambda am: (am == 0, am[:, None, None, :].float()), _NOT_BOOL),
+_HF_MASK = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])  # (B, S), 1 = attend
+_IGNORE = "key_padding_mask marks the keys to *ignore*: attention_mask == 0."
+_OPPOSITE = (
+    "SDPA's bool mask is True = attend (attention_mask == 1), the opposite of key_padding_mask."
 )
-MASK_CONVERSION = Exercise(
-    "check_mask_conversion", "key_padding_mask True = ignore, sdpa_mask True = attend",
+MASK_CONVERSION = exercise(
+    "check_mask_conversion",
+    "key_padding_mask True = ignore, sdpa_mask True = attend",
     lambda am: (am == 0, (am == 1)[:, None, None, :]),
-    lambda: [
-        Case(
-            "convert(attention_mask)",
-            (torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]]),),
-        )
-    ],
-    _MASK_CONVERSION_MISTAKES,
+    lambda: [Case("convert(attention_mask)", (_HF_MASK,))],
+    (lambda am: (am == 1, (am == 1)[:, None, None, :]), _IGNORE),
+    (lambda am: (am == 0, (am == 0)[:, None, None, :]), _OPPOSITE),
+    (lambda am: (am == 0, am == 1), _READ_AS_LS),
+    (lambda am: (1 - am, (am == 1)[:, None, None, :]), _NOT_BOOL),
+    (lambda am: (am == 0, am[:, None, None, :].float()), _NOT_BOOL),
     hint={
         "key_padding_mask": "(B, S) bool, True exactly where attention_mask is 0.",
         "sdpa_mask": "(B, 1, 1, S) bool, True exactly where attention_mask is 1.",
     },
-    exact_dtype=True, outputs=("key_padding_mask", "sdpa_mask"), params=("convert",),
+    exact_dtype=True,
+    outputs=("key_padding_mask", "sdpa_mask"),
+    params=("convert",),
     doc="Check ``fn(attention_mask) -> (key_padding_mask, sdpa_mask)``: Hugging Face's (B, S) "
     "1 = attend, to nn.MultiheadAttention's (B, S) True = ignore and SDPA's (B, 1, 1, S) True = "
     "attend.",
 )
-# fmt: on
 
 
-def _alibi(
-    H: int, L: int, first: int = 1, flip: bool = False, sign: float = -1, causal: bool = True
-):
+def _alibi(H: int, L: int, first: int = 1, flip: bool = False, sign: float = -1, causal=True):
     """The causal ALiBi bias (H, L, L), or one of its usual mis-implementations."""
     slopes = 2.0 ** (-8.0 * torch.arange(first, first + H, dtype=torch.float64) / H)  # (H,)
     slopes = slopes.flip(0) if flip else slopes
@@ -274,33 +247,22 @@ def _alibi(
     return (bias.masked_fill(j > i, float("-inf")) if causal else bias).float()
 
 
-# fmt: off
-_ALIBI_BIAS_MISTAKES = (
-    Mistake(lambda H, L: _alibi(H, L, first=0), "h runs 1..H: the first slope is 2**(-8/H)."),
-    Mistake(lambda H, L: _alibi(H, L, flip=True), "Reversed: head 1 has the largest slope."),
-    Mistake(lambda H, L: _alibi(H, L, causal=False), "Future keys need -inf (a causal mask)."),
-    Mistake(lambda H, L: _alibi(H, L, sign=1.0), "Penalise distance: -m_h * (i - j) <= 0."),
-    Mistake(lambda H, L: _alibi(H, L)[0], "One (L, L) bias per head: (H, L, L)."),
-    Mistake(lambda H, L: _ones(L).expand(H, L, L), "A bias is float: added, -inf where hidden."),
-)
-ALIBI_BIAS = Exercise(
-    "check_alibi_bias", "slopes 2^(-8h/H), linear distance penalty, causal", _alibi,
+ALIBI_BIAS = exercise(
+    "check_alibi_bias",
+    "slopes 2^(-8h/H), linear distance penalty, causal",
+    _alibi,
     lambda: [Case(f"alibi_bias(H={H}, L={L})", (H, L)) for H, L in ((8, 5), (4, 6), (2, 3))],
-    _ALIBI_BIAS_MISTAKES,
+    (partial(_alibi, first=0), "h runs 1..H: the first slope is 2**(-8/H)."),
+    (partial(_alibi, flip=True), "Reversed: head 1 has the largest slope."),
+    (partial(_alibi, causal=False), "Future keys need -inf (a causal mask)."),
+    (partial(_alibi, sign=1.0), "Penalise distance: -m_h * (i - j) <= 0."),
+    (lambda H, L: _alibi(H, L)[0], "One (L, L) bias per head: (H, L, L)."),
+    (lambda H, L: _ones(L).expand(H, L, L), "A bias is float: added, -inf where hidden."),
     hint="bias[h, i, j] = -m_h * (i - j) for j <= i and -inf for j > i, with m_h = "
     "2 ** (-8 * h / H), h = 1..H.",
     params=("alibi_bias",),
     doc="Check ``alibi_bias(H, L)``: the causal ALiBi bias (H, L, L), -m_h * (i - j) for j <= i, "
     "-inf above, with m_h = 2 ** (-8 * h / H), h = 1..H (Press et al., 2022).",
 )
-# fmt: on
 
-EXERCISES = (
-    PADDING_MASK,
-    CAUSAL_MASK,
-    MASK_PREDICTION,
-    MASKED_ATTENTION,
-    MASK_CONVERSION,
-    ALIBI_BIAS,
-)
-publish(globals(), EXERCISES)
+EXERCISES = publish(globals())

@@ -1,9 +1,5 @@
-"""Exercises of chapter 5, attention on a GPU, as data for :mod:`._harness`.
-
-References: the online-softmax state by its definition, one causal SDPA pass for decoding with a
-cache, the kernel torch really picks (:mod:`mha.hardware`); mistakes: no rescaling, ``acc``
-normalised too early, NaN on hidden rows, no append, the wrong causal alignment.
-"""
+"""Chapter 5, attention on a GPU: the exercises as data for :mod:`._harness`; the backend
+prediction is checked against the kernel torch really picks (:mod:`mha.hardware`)."""
 
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ import mha
 
 from .. import flash
 from ..hardware import sdpa_backends
-from ._harness import Case, Exercise, ExerciseError, Mistake, as_mapping, publish
+from ._harness import Case, ExerciseError, as_mapping, exercise, prediction, publish
 
 _ACC = "acc_new = exp(m - m_new) * acc + exp(scores - m_new) @ value"
 _HINT_ACC_RESCALE = f"Rescale the old acc to the new maximum: {_ACC}."
@@ -73,21 +69,20 @@ def _online_cases() -> list[Case]:
     return cases
 
 
-# fmt: off
-_ONLINE_SOFTMAX_UPDATE_MISTAKES = (
-    Mistake(partial(_update, keep_acc=True), _HINT_ACC_RESCALE),
-    Mistake(partial(_update, keep_l=True), _HINT_L_RESCALE),
-    Mistake(partial(_update, normalised=True),
-            "acc is the *unnormalised* sum; divide by l once, after the last tile."),
-    Mistake(partial(_update, no_guard=True),
-            "exp(-inf - (-inf)) is NaN: where m_new is -inf subtract 0 (torch.where(torch.isneginf(m_new), 0, m_new))."),
-    Mistake(partial(_update, tile_max=True), _HINT_M),
-)
-ONLINE_SOFTMAX_UPDATE = Exercise(
+_ONCE = "acc is the *unnormalised* sum; divide by l once, after the last tile."
+_GUARD = "exp(-inf - (-inf)) is NaN: where m_new is -inf subtract 0 (torch.where(torch.isneginf(m_new), 0, m_new))."
+ONLINE_SOFTMAX_UPDATE = exercise(
     "check_online_softmax_update",
     "3 tiles, the state matches softmax(scores) @ value after every tile, hidden rows included",
-    _update, _online_cases, _ONLINE_SOFTMAX_UPDATE_MISTAKES,
-    hint={"m": _HINT_M, "l": _HINT_L_RESCALE, "acc": _HINT_ACC_RESCALE}, outputs=("m", "l", "acc"),
+    _update,
+    _online_cases,
+    (partial(_update, keep_acc=True), _HINT_ACC_RESCALE),
+    (partial(_update, keep_l=True), _HINT_L_RESCALE),
+    (partial(_update, normalised=True), _ONCE),
+    (partial(_update, no_guard=True), _GUARD),
+    (partial(_update, tile_max=True), _HINT_M),
+    hint={"m": _HINT_M, "l": _HINT_L_RESCALE, "acc": _HINT_ACC_RESCALE},
+    outputs=("m", "l", "acc"),
     forbidden=[(m, "online_softmax_update") for m in (mha, flash)],
     forbidden_hint="write the update yourself, without mha.online_softmax_update.",
     params=("update",),
@@ -95,7 +90,6 @@ ONLINE_SOFTMAX_UPDATE = Exercise(
     "(shapes as in :func:`mha.online_softmax_update`): after every tile, the exact state of all "
     "the scores seen so far.",
 )
-# fmt: on
 
 _BOTTOM_RIGHT = "the bottom-right mask torch.ones(T, S, dtype=torch.bool).tril(S - T)"
 _HINT_TOP_LEFT = (
@@ -132,31 +126,29 @@ def _kv_cases() -> list[Case]:
     return cases
 
 
-# fmt: off
-_KV_CACHE_STEP_MISTAKES = (
-    Mistake(partial(_step, append=False),
-            "Return the grown cache, torch.cat([k_cache, k_new], dim=-2) (the same for v)."),
-    Mistake(partial(_step, keys="new", mask="top-left"),
-            "Attend over the whole cache (old and new tokens), after appending."),
-    Mistake(partial(_step, mask="top-left"), _HINT_TOP_LEFT),
-    Mistake(partial(_step, mask="none"),
-            f"A chunk's queries must not see later new tokens: {_BOTTOM_RIGHT}."),
-)
-KV_CACHE_STEP = Exercise(
+_GROWN = "Return the grown cache, torch.cat([k_cache, k_new], dim=-2) (the same for v)."
+_WHOLE = "Attend over the whole cache (old and new tokens), after appending."
+_CHUNK = f"A chunk's queries must not see later new tokens: {_BOTTOM_RIGHT}."
+KV_CACHE_STEP = exercise(
     "check_kv_cache_step",
-    "9 tokens decoded in steps of [4, 1, 1, 1, 2] equal one causal pass over the sequence", _step,
-    _kv_cases, _KV_CACHE_STEP_MISTAKES,
+    "9 tokens decoded in steps of [4, 1, 1, 1, 2] equal one causal pass over the sequence",
+    _step,
+    _kv_cases,
+    (partial(_step, append=False), _GROWN),
+    (partial(_step, keys="new", mask="top-left"), _WHOLE),
+    (partial(_step, mask="top-left"), _HINT_TOP_LEFT),
+    (partial(_step, mask="none"), _CHUNK),
     hint={
         "out": f"Attend to the whole cache after appending, with {_BOTTOM_RIGHT}.",
         **dict.fromkeys(
             ("k_cache", "v_cache"), "Return every token so far: torch.cat(..., dim=-2)."
         ),
     },
-    outputs=("out", "k_cache", "v_cache"), params=("step",),
+    outputs=("out", "k_cache", "v_cache"),
+    params=("step",),
     doc="Check ``step(q, k_new, v_new, k_cache, v_cache) -> (out, k_cache, v_cache)`` (B, H, T, "
     "D) against one causal SDPA pass: a prompt of 4 tokens, 3 single tokens, a chunk of 2.",
 )
-# fmt: on
 
 #: The inputs of the prediction exercise: name -> what is special about them.
 SDPA_CASES: dict[str, str] = {
@@ -232,23 +224,21 @@ def _as_backends(predictions: object) -> tuple[str, ...]:
     return tuple(predictions[c] for c in SDPA_CASES)
 
 
-# fmt: off
-_SDPA_BACKEND_PREDICTION_MISTAKES = (
-    Mistake(lambda truth: {**truth, "bool_mask": "math"}, _HINT_FLASH),
-)
-SDPA_BACKEND_PREDICTION = Exercise(
+SDPA_BACKEND_PREDICTION = prediction(
     "check_sdpa_backend_prediction",
     lambda want: (
         f"all {len(want)} predictions right ({want.count('flash')} flash, "
         f"{want.count('math')} math)"
     ),
     lambda: {case: _cpu_backend(case)[0] for case in SDPA_CASES},
-    mistakes=_SDPA_BACKEND_PREDICTION_MISTAKES, hint=_backend_hint, outputs=tuple(SDPA_CASES),
-    prediction=True, report_all=True, convert=_as_backends, params=("predictions",),
+    (lambda truth: {**truth, "bool_mask": "math"}, _HINT_FLASH),
+    hint=_backend_hint,
+    outputs=tuple(SDPA_CASES),
+    report_all=True,
+    convert=_as_backends,
+    params=("predictions",),
     doc="Check a prediction {case: 'flash' or 'math'} for every case of ``SDPA_CASES``, against "
     "the kernel torch picks on this machine's CPU (:func:`mha.hardware.sdpa_backends`).",
 )
-# fmt: on
 
-EXERCISES = (ONLINE_SOFTMAX_UPDATE, KV_CACHE_STEP, SDPA_BACKEND_PREDICTION)
-publish(globals(), EXERCISES)
+EXERCISES = publish(globals())

@@ -1,10 +1,5 @@
-"""Exercises of chapter 6, a FlashAttention kernel in Triton, as data for :mod:`._harness`.
-
-References: brute force over real keep-masks (``torch.tril``, :func:`mha.sliding_window_mask`) for
-the tile counts and loop bounds, autograd for the backward ``delta``. The softmax kernel has a
-custom check: it launches the learner's kernel (in Triton's interpreter without a GPU) and compares
-with ``torch.softmax``; it imports Triton itself, so ``mha.exercises`` imports without it.
-"""
+"""Chapter 6, a FlashAttention kernel in Triton: the exercises as data for :mod:`._harness`. The
+softmax kernel's custom check imports Triton itself, so ``mha.exercises`` imports without it."""
 
 from __future__ import annotations
 
@@ -18,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ..masks import sliding_window_mask
-from ._harness import Case, Exercise, ExerciseError, Mistake, as_int, difference, publish
+from ._harness import Case, Exercise, ExerciseError, as_int, difference, exercise, publish
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -62,24 +57,21 @@ _WORK_CASES = [  # B, H, L, S, block_m, block_n, is_causal
     (1, 12, 200, 200, 16, 16, False),
 ]
 
-# fmt: off
-_TILE_COUNTS_MISTAKES = (
-    Mistake(partial(_count_work, grid="one axis"), "One program per (query tile, B·H) pair."),
-    Mistake(partial(_count_work, grid="floor"), "Round up: the ragged last tile needs a program."),
-    Mistake(partial(_count_work, grid="tiles"),
-            "Programs loop over key tiles: grid (cdiv(L, block_m), B * H)."),
-    Mistake(lambda B, H, L, S, bm, bn, causal: _count_work(B, H, L, S, bm, bn, False),
-            "With is_causal the loop stops at the diagonal, below min(S, L, (start_m + 1) * block_m)."),
-    Mistake(partial(_count_work, stop="square"), "The ragged last query tile stops at row L - 1."),
-)
-TILE_COUNTS = Exercise(
-    "check_tile_counts", f"grid and tile counts right in all {len(_WORK_CASES)} configurations",
+_LOOP = "Programs loop over key tiles: grid (cdiv(L, block_m), B * H)."
+_STOPS = "With is_causal the loop stops at the diagonal, below min(S, L, (start_m + 1) * block_m)."
+TILE_COUNTS = exercise(
+    "check_tile_counts",
+    f"grid and tile counts right in all {len(_WORK_CASES)} configurations",
     _work,
     lambda: [
         Case("count_work({}, {}, {}, {}, block_m={}, block_n={}, is_causal={})".format(*c), c)
         for c in _WORK_CASES
     ],
-    _TILE_COUNTS_MISTAKES,
+    (partial(_count_work, grid="one axis"), "One program per (query tile, B·H) pair."),
+    (partial(_count_work, grid="floor"), "Round up: the ragged last tile needs a program."),
+    (partial(_count_work, grid="tiles"), _LOOP),
+    (lambda B, H, L, S, bm, bn, causal: _count_work(B, H, L, S, bm, bn, False), _STOPS),
+    (partial(_count_work, stop="square"), "The ragged last query tile stops at row L - 1."),
     hint={
         "programs": "The grid is (cdiv(L, block_m), B * H); count its programs.",
         "kv_tiles": "Each program takes cdiv(hi, block_n) steps, hi = S, or with is_causal "
@@ -91,11 +83,11 @@ TILE_COUNTS = Exercise(
         if (isinstance(out, tuple) and len(out) == 2)
         else out
     ),
-    solution=_count_work, params=("count_work",),
+    solution=_count_work,
+    params=("count_work",),
     doc="Check ``count_work(B, H, L, S, block_m, block_n, is_causal) -> (programs, kv_tiles)`` "
     "against a count of the key tiles a real keep-mask needs.",
 )
-# fmt: on
 
 
 def _kv_range(m: int, bm: int, bn: int, L: int, S: int, window: int, **slip: str):
@@ -137,30 +129,27 @@ def _visited_tiles(kv_tile_range: Callable[..., object], case: Case) -> object:
 _SKIP = "Right result, but the skip is the point: "
 _WRONG = "This skips a key tile some row needs: "
 
-# fmt: off
-_KV_TILE_RANGE_MISTAKES = (
-    Mistake(partial(_kv_range, lo="exact"), "Tiles start at multiples of BLOCK_N: round down."),
-    Mistake(partial(_kv_range, lo="unclamped"), "Clamp lo with max(0, ...): no negative keys."),
-    Mistake(partial(_kv_range, lo="zero"),
-            _SKIP + "no row sees a key below first_row - window + 1."),
-    Mistake(partial(_kv_range, hi="ragged"), _SKIP + "the ragged last tile's rows stop at L - 1."),
-    Mistake(partial(_kv_range, hi="S"), _SKIP + "no row sees a key past the tile's last row."),
-    Mistake(partial(_kv_range, lo="up"), _WRONG + "round the first visible key *down*."),
-    Mistake(partial(_kv_range, hi="diagonal"), _WRONG + "the last row sees keys up to itself."),
-)
-KV_TILE_RANGE = Exercise(
+KV_TILE_RANGE = exercise(
     "check_kv_tile_range",
     f"exactly the needed key tiles in all {len(_LENGTHS) * len(_WINDOWS) * len(_BLOCKS)} "
     "configurations, every query tile",
-    _kv_range, _window_cases, _KV_TILE_RANGE_MISTAKES,
+    _kv_range,
+    _window_cases,
+    (partial(_kv_range, lo="exact"), "Tiles start at multiples of BLOCK_N: round down."),
+    (partial(_kv_range, lo="unclamped"), "Clamp lo with max(0, ...): no negative keys."),
+    (partial(_kv_range, lo="zero"), _SKIP + "no row sees a key below first_row - window + 1."),
+    (partial(_kv_range, hi="ragged"), _SKIP + "the ragged last tile's rows stop at L - 1."),
+    (partial(_kv_range, hi="S"), _SKIP + "no row sees a key past the tile's last row."),
+    (partial(_kv_range, lo="up"), _WRONG + "round the first visible key *down*."),
+    (partial(_kv_range, hi="diagonal"), _WRONG + "the last row sees keys up to itself."),
     hint="Visit exactly the key tiles holding a key that some row of the query tile sees: row i "
     "sees keys i - window + 1 .. i.",
-    call=_visited_tiles, params=("kv_tile_range",),
+    call=_visited_tiles,
+    params=("kv_tile_range",),
     doc="Check ``kv_tile_range(start_m, BLOCK_M, BLOCK_N, L, S, window) -> (lo, hi)``: "
     "``range(lo, hi, BLOCK_N)`` must visit exactly the key tiles causal sliding-window attention "
     "needs.",
 )
-# fmt: on
 
 
 _UNWRITTEN = -7.0  # what the output holds before the kernel runs: no softmax value is negative
@@ -245,13 +234,15 @@ def _check_softmax_kernel(kernel: Any) -> str:  # a Triton kernel, checked by _k
     return "ragged rows, large logits and strided rows all right"
 
 
-# fmt: off
 SOFTMAX_KERNEL = Exercise(
-    "check_softmax_kernel", "", None, custom=_check_softmax_kernel, params=("kernel",),
+    "check_softmax_kernel",
+    "",
+    None,
+    custom=_check_softmax_kernel,
+    params=("kernel",),
     doc="Check a Triton ``softmax_kernel(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr)`` "
     "launched with one program per row (on the GPU, or in Triton's interpreter on the CPU).",
 )
-# fmt: on
 
 
 def _delta_case() -> list[Case]:
@@ -271,23 +262,20 @@ def _delta_case() -> list[Case]:
 
 _HINT_DELTA = "delta is the row-wise dot product of grad_out and out: (grad_out * out).sum(-1)."
 
-# fmt: off
-_BACKWARD_DELTA_MISTAKES = (
-    Mistake(lambda out, grad_out: (grad_out * out).sum(-2),
-            "Sum over dim -1, not -2. " + _HINT_DELTA),
-    Mistake(lambda out, grad_out: grad_out.sum(-1), "Multiply by out first. " + _HINT_DELTA),
-)
-BACKWARD_DELTA = Exercise(
+BACKWARD_DELTA = exercise(
     "check_backward_delta",
     "with your delta, P * (dP - delta) equals autograd's gradient of the scores",
-    lambda out, grad_out: (grad_out * out).sum(-1), _delta_case, _BACKWARD_DELTA_MISTAKES,
-    hint=_HINT_DELTA, atol=1e-9, rtol=1e-9,
+    lambda out, grad_out: (grad_out * out).sum(-1),
+    _delta_case,
+    (lambda out, grad_out: (grad_out * out).sum(-2), "Sum over dim -1, not -2. " + _HINT_DELTA),
+    (lambda out, grad_out: grad_out.sum(-1), "Multiply by out first. " + _HINT_DELTA),
+    hint=_HINT_DELTA,
+    atol=1e-9,
+    rtol=1e-9,
     convert=lambda d: d.squeeze(-1) if isinstance(d, Tensor) and d.shape[-1:] == (1,) else d,
     params=("backward_delta",),
     doc="Check ``backward_delta(out, grad_out) -> delta`` (B, H, L), with which P * (dP - "
     "delta) is the gradient of the scores.",
 )
-# fmt: on
 
-EXERCISES = (TILE_COUNTS, KV_TILE_RANGE, SOFTMAX_KERNEL, BACKWARD_DELTA)
-publish(globals(), EXERCISES)
+EXERCISES = publish(globals())

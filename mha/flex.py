@@ -1,0 +1,133 @@
+"""The course's masks as FlexAttention ``mask_mod`` and ``score_mod`` functions.
+
+FlexAttention (``torch.nn.attention.flex_attention``) takes attention's variations as two small
+functions of the indices instead of as dense ``(L, S)`` tensors:
+
+* a **mask_mod** ``(b, h, q_idx, kv_idx) -> bool``: may query ``q_idx`` attend to key ``kv_idx``
+  (in batch ``b``, head ``h``)? ``True`` = attend, the keep-mask convention of :mod:`mha.masks`;
+* a **score_mod** ``(score, b, h, q_idx, kv_idx) -> score``: change one score before the softmax
+  (a bias such as ALiBi).
+
+FlexAttention calls them on index tensors (vmapped, or traced into a compiled kernel), so they
+must be written with tensor operations: ``&`` and ``|``, never ``and``, ``or`` or ``if``.
+Whatever changes from batch to batch (lengths, document ids, a window size) is read from a
+*tensor* the function captures: a compiled kernel then serves every new value without compiling
+again. Combine mask_mods with ``torch.nn.attention.flex_attention.and_masks``/``or_masks``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from . import validation as validate
+
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def _int_tensor(name: str, value: object, ndim: int) -> Tensor:
+    t = validate.tensor(name, value, ndim=ndim)
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integers, got dtype {t.dtype}")
+    return t
+
+
+def causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+    """Causal attention (top-left aligned, as :func:`mha.causal_mask`): keys up to the query."""
+    return q_idx >= kv_idx
+
+
+def sliding_window(window: int | Tensor) -> MaskMod:
+    """Causal local attention, as :func:`mha.sliding_window_mask`: the ``window`` latest keys.
+
+    Args:
+        window: keys a query sees, itself included; a 0-dim integer tensor lets a compiled kernel
+            take a new window size (changed in place) without compiling again.
+    """
+    if isinstance(window, Tensor):
+        _int_tensor("window", window, ndim=0)
+    else:
+        validate.positive_int("window", window)
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        distance = q_idx - kv_idx  # how far the key lies behind the query
+        return (distance >= 0) & (distance < window)
+
+    return mask_mod
+
+
+def padding(lengths: Tensor) -> MaskMod:
+    """Hide the padding keys at the end of each sequence, as :func:`mha.padding_mask`.
+
+    Shapes:
+        lengths: ``(B,)``, the number of real tokens of each sequence.
+    """
+    _int_tensor("lengths", lengths, ndim=1)
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return kv_idx < lengths[b]
+
+    return mask_mod
+
+
+def document(doc_ids: Tensor) -> MaskMod:
+    """Attend within one's own document only: several documents packed into one sequence.
+
+    Combine it with :func:`causal` for a packed batch of causal language-model samples.
+
+    Shapes:
+        doc_ids: ``(S,)``, the document each position belongs to (queries and keys share it).
+    """
+    _int_tensor("doc_ids", doc_ids, ndim=1)
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return doc_ids[q_idx] == doc_ids[kv_idx]
+
+    return mask_mod
+
+
+def block_pattern(pattern: Tensor, block_size: int) -> MaskMod:
+    """A block-sparse mask (BigBird's blocks): ``pattern[r, c]`` keeps or hides a whole block.
+
+    Shapes:
+        pattern: ``(ceil(L / block_size), ceil(S / block_size))`` bool, one entry per block of
+        ``block_size`` queries and ``block_size`` keys.
+    """
+    validate.tensor("pattern", pattern, ndim=2)
+    if pattern.dtype != torch.bool:
+        raise TypeError(f"pattern must be a bool tensor, got dtype {pattern.dtype}")
+    block_size = validate.positive_int("block_size", block_size)
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return pattern[q_idx // block_size, kv_idx // block_size]
+
+    return mask_mod
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """ALiBi's slope of each head, ``m_h = 2^(-8h/H)`` for ``h = 1..H``.
+
+    Shapes:
+        returns ``(H,)`` float32.
+    """
+    H = validate.positive_int("num_heads", num_heads)
+    return 2.0 ** (-8.0 * torch.arange(1, H + 1, dtype=torch.float32) / H)
+
+
+def alibi(slopes: Tensor) -> ScoreMod:
+    """ALiBi as a score_mod: head ``h`` subtracts ``slopes[h] * (q_idx - kv_idx)``.
+
+    A bias only; combine it with the :func:`causal` mask_mod (as ALiBi models do).
+
+    Shapes:
+        slopes: ``(H,)``, e.g. :func:`alibi_slopes`.
+    """
+    validate.tensor("slopes", slopes, floating=True, ndim=1)
+
+    def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return score - slopes[h] * (q_idx - kv_idx)
+
+    return score_mod

@@ -1,0 +1,193 @@
+"""The serving caches give the same outputs as KVCache; split-KV decoding equals one pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import randn
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.testing import assert_close
+
+import mha
+from mha.multihead import KVCacheProtocol
+
+CACHES = {
+    "preallocated": lambda: mha.PreallocatedKVCache(64),
+    "paged": lambda: mha.PagedKVCache(block_size=4),
+    "paged-fixed-pool": lambda: mha.PagedKVCache(block_size=3, num_blocks=40),
+}
+
+
+def decode(layer: mha.MultiHeadAttention, x: torch.Tensor, cache, chunk: int) -> torch.Tensor:
+    """Feed ``x`` chunk by chunk through ``layer`` with ``cache``; concatenate the outputs."""
+    L = x.shape[1]
+    with torch.no_grad():
+        steps = [
+            layer(x[:, i : i + chunk], is_causal=True, kv_cache=cache)[0]
+            for i in range(0, L, chunk)
+        ]
+    return torch.cat(steps, 1)
+
+
+@pytest.mark.parametrize("make", CACHES.values(), ids=CACHES.keys())
+@pytest.mark.parametrize("chunk", [1, 5])
+@pytest.mark.parametrize(("num_kv_heads", "rope"), [(None, False), (2, True), (1, True)])
+def test_serving_caches_equal_kv_cache(make, chunk, num_kv_heads, rope):
+    layer = mha.MultiHeadAttention(32, 4, num_kv_heads=num_kv_heads, rope=rope)
+    layer = layer.to(torch.float64).eval()
+    x = randn(3, 17, 32, seed=20)
+    cache = make()
+    assert isinstance(cache, KVCacheProtocol)
+    want = decode(layer, x, mha.KVCache(), chunk)
+    assert_close(decode(layer, x, cache, chunk), want)
+    assert len(cache) == 17
+    with torch.no_grad():
+        assert_close(want, layer(x, is_causal=True)[0])
+    cache.reset()  # a second sequence reuses the memory and gives the same outputs
+    assert len(cache) == 0
+    assert_close(decode(layer, x, cache, chunk), want)
+
+
+def test_preallocated_cache_writes_in_place_and_reports_its_buffer():
+    cache = mha.PreallocatedKVCache(10)
+    k, v = randn(2, 3, 4, 8, seed=1), randn(2, 3, 4, 6, seed=2)
+    keys, values = cache.update(k, v)
+    buffer = cache.key_buffer
+    assert keys.data_ptr() == buffer.data_ptr() and keys.shape == (2, 3, 4, 8)
+    keys, values = cache.update(k[:, :, :1], v[:, :, :1])
+    assert cache.key_buffer is buffer and keys.shape == (2, 3, 5, 8)  # no new allocation
+    assert_close(keys[:, :, 4], k[:, :, 0])
+    assert cache.nbytes == 2 * 3 * 10 * (8 + 6) * 8  # every position, used or not
+    cache.reset()
+    cache.update(k, v)
+    assert cache.key_buffer is buffer  # same shapes: the buffer is reused
+
+
+def test_preallocated_cache_full_and_mismatch_errors():
+    cache = mha.PreallocatedKVCache(5)
+    cache.update(randn(1, 2, 4, 8), randn(1, 2, 4, 8))
+    with pytest.raises(ValueError, match=r"full: max_len \(5\) positions, 4 stored, 2 more"):
+        cache.update(randn(1, 2, 2, 8), randn(1, 2, 2, 8))
+    with pytest.raises(ValueError, match=r"\(B, Hkv\) and the head dims must agree"):
+        cache.update(randn(1, 3, 1, 8), randn(1, 3, 1, 8))
+    with pytest.raises(TypeError, match="cache's dtype torch.float64"):
+        cache.update(randn(1, 2, 1, 8).float(), randn(1, 2, 1, 8).float())
+    with pytest.raises(ValueError, match=r"key must have 4 dims \(B, Hkv, S_new, D\)"):
+        cache.update(randn(2, 1, 8), randn(2, 1, 8))
+    with pytest.raises(ValueError, match="max_len must be positive"):
+        mha.PreallocatedKVCache(0)
+
+
+def test_paged_cache_block_table_and_slots():
+    cache = mha.PagedKVCache(block_size=4)
+    k = randn(2, 1, 10, 3, seed=5)  # two sequences, one head, 10 positions
+    keys, _ = cache.update(k, k)
+    table = cache.block_table
+    assert [len(row) for row in table] == [3, 3]  # ceil(10 / 4) blocks each
+    assert sorted(b for row in table for b in row) == list(range(6))  # no block shared
+    pool = cache.key_pool.flatten(0, 2)[::1]  # (blocks·Hkv·block_size, D) with Hkv = 1
+    for b in range(2):
+        for t in range(10):
+            slot = cache.slot(b, t)
+            assert slot == table[b][t // 4] * 4 + t % 4
+            assert_close(pool[slot], k[b, 0, t])
+    assert_close(keys, k)
+    assert cache.nbytes == 6 * 4 * 3 * 8 * 2  # used blocks only: keys and values
+    with pytest.raises(ValueError, match=r"position must be in \[0, 10\), got 10"):
+        cache.slot(0, 10)
+
+
+def test_paged_cache_takes_blocks_on_demand_and_reset_frees_them():
+    cache = mha.PagedKVCache(block_size=4, num_blocks=4)
+    for t in range(8):
+        cache.update(randn(1, 2, 1, 8, seed=t), randn(1, 2, 1, 8, seed=t))
+        assert len(cache.block_table[0]) == t // 4 + 1  # a new block at positions 0 and 4
+    assert len(cache.free_blocks) == 2
+    with pytest.raises(
+        ValueError, match=r"out of blocks: 4 more needed, 2 free of num_blocks \(4\)"
+    ):
+        cache.update(randn(1, 2, 13, 8), randn(1, 2, 13, 8))
+    assert len(cache) == 8 and len(cache.block_table[0]) == 2  # nothing changed
+    cache.reset()
+    assert cache.block_table == [] and cache.free_blocks == [0, 1, 2, 3] and cache.nbytes == 0
+    with pytest.raises(ValueError, match="holds 1 sequences, got keys for 2"):
+        cache.update(randn(1, 2, 1, 8), randn(1, 2, 1, 8))
+        cache.update(randn(2, 2, 1, 8), randn(2, 2, 1, 8))
+    with pytest.raises(ValueError, match="block_size must be positive"):
+        mha.PagedKVCache(block_size=0)
+
+
+# --- split-KV decoding ------------------------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    S=st.integers(1, 300),
+    num_splits=st.integers(1, 9),
+    L=st.integers(1, 3),
+    groups=st.sampled_from([1, 2, 4]),
+    seed=st.integers(0, 1000),
+)
+def test_flash_decoding_equals_one_pass(S, num_splits, L, groups, seed):
+    q = randn(2, 4, L, 16, seed=seed)
+    k, v = randn(2, 4 // groups, S, 16, seed=seed + 1), randn(2, 4 // groups, S, 8, seed=seed + 2)
+    want = F.scaled_dot_product_attention(q, k, v, enable_gqa=groups > 1)
+    got = mha.flash_decoding(q, k, v, num_splits=num_splits, enable_gqa=groups > 1)
+    assert_close(got, want)
+
+
+def test_flash_decoding_with_fewer_keys_than_splits_and_a_scale():
+    q, k, v = randn(1, 2, 1, 8, seed=1), randn(1, 2, 3, 8, seed=2), randn(1, 2, 3, 4, seed=3)
+    want = F.scaled_dot_product_attention(q, k, v, scale=0.3)
+    assert_close(mha.flash_decoding(q, k, v, num_splits=8, scale=0.3), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_flash_decoding_low_precision_keeps_float32_statistics(dtype):
+    q, k, v = (randn(2, 4, n, 64, seed=s).mul(3).to(dtype) for s, n in ((1, 1), (2, 500), (3, 500)))
+    golden = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    got = mha.flash_decoding(q, k, v, num_splits=7)
+    assert got.dtype == dtype
+    ours = (got.double() - golden).abs().max()
+    torch_err = (F.scaled_dot_product_attention(q, k, v).double() - golden).abs().max()
+    assert ours <= 2 * torch_err + torch.finfo(dtype).eps  # as accurate as torch's own kernel
+
+
+def test_merge_partials_is_exact_and_handles_empty_splits():
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(3, 10, generator=g, dtype=torch.float64) * 30  # large: exp overflows
+    v = torch.randn(10, 4, generator=g, dtype=torch.float64)
+    parts = [slice(0, 4), slice(4, 10)]
+    outs = torch.stack([torch.softmax(scores[:, p], -1) @ v[p] for p in parts])  # (2, 3, 4)
+    lses = torch.stack([torch.logsumexp(scores[:, p], -1) for p in parts])  # (2, 3)
+    out, lse = mha.merge_partials(outs, lses)
+    assert_close(out, torch.softmax(scores, -1) @ v)
+    assert_close(lse, torch.logsumexp(scores, -1))
+    empty = torch.full((1, 3), float("-inf"), dtype=torch.float64)
+    out2, _ = mha.merge_partials(
+        torch.cat([outs, torch.zeros(1, 3, 4).double()]), torch.cat([lses, empty])
+    )
+    assert_close(out2, out)  # a split with no key counts 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"num_splits": 0}, ValueError, "num_splits must be positive"),
+        ({"num_splits": 2.0}, TypeError, "num_splits must be an int"),
+        ({"scale": float("nan")}, ValueError, "scale must be finite"),
+    ],
+)
+def test_flash_decoding_errors(kwargs, error, match):
+    q, k, v = randn(1, 2, 1, 8), randn(1, 2, 3, 8), randn(1, 2, 3, 8)
+    with pytest.raises(error, match=match):
+        mha.flash_decoding(q, k, v, **kwargs)
+
+
+def test_flash_decoding_shape_errors():
+    with pytest.raises(ValueError, match=r"same head dim, got query \(1, 2, 1, 8\) and key"):
+        mha.flash_decoding(randn(1, 2, 1, 8), randn(1, 2, 3, 9), randn(1, 2, 3, 9))
+    with pytest.raises(ValueError, match=r"at least one position, got key \(1, 2, 0, 8\)"):
+        mha.flash_decoding(randn(1, 2, 1, 8), randn(1, 2, 0, 8), randn(1, 2, 0, 8))
