@@ -21,10 +21,11 @@ import functools
 import mimetypes
 import os
 import re
+import subprocess
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import urljoin, urlparse
 
 import nbformat
 import pytest
@@ -366,7 +367,8 @@ def test_chapter_page(open_page, chapter):
 
     # It renders: the chapter's own title, numbered once by the toc.
     h1 = page.locator("article h1").first.inner_text().replace("#", "").strip()
-    plain_title = re.sub(r"[`*]", "", facts["title"])
+    # Sphinx's smart quotes turn a typed apostrophe into a typographic one.
+    plain_title = re.sub(r"[`*]", "", facts["title"]).replace("'", "\u2019")
     if "$" not in plain_title:
         assert plain_title in h1, f"{path}: heading {h1!r} does not show the title {plain_title!r}"
     assert not re.match(r"^\d+\.\s*\d+\.", h1), f"{path}: the title is numbered twice: {h1!r}"
@@ -532,3 +534,147 @@ def test_dark_mode_page(browser, site, path):
         page.screenshot(path=SCREENSHOTS / f"dark-{Path(path).stem}.png")
     finally:
         opener.close()
+
+
+# --- the Chinese edition (中文版, zh/; tools/translate.py) -----------------------------------------
+
+ZH_TOC = read_yaml(REPO / "zh" / "_toc.yml")
+ZH_CHAPTERS = [f for f in toc_chapter_files(ZH_TOC) if f.startswith("chapters/")]
+ZH_PAGES = [f"{ZH_TOC['root']}.html"] + [f"{c}.html" for c in ZH_CHAPTERS]
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+# The first paragraph of the article with plenty of Chinese in its own text (not in children),
+# marked so that the DevTools protocol can ask which fonts drew it.
+CJK_PROBE_JS = """() => {
+  const own = p => [...p.childNodes].filter(n => n.nodeType === 3).map(n => n.data).join('');
+  const p = [...document.querySelectorAll('article p, article td')]
+    .find(p => (own(p).match(/[\\u4e00-\\u9fff]/g) || []).length >= 8);
+  if (!p) return null;
+  p.id = p.id || 'cjk-font-probe';
+  const r = p.getBoundingClientRect();
+  return {id: p.id, text: own(p), width: r.width, height: r.height};
+}"""
+
+
+@functools.cache
+def cjk_font_families() -> frozenset[str]:
+    """The installed font families that cover Chinese, as fontconfig reports them."""
+    try:
+        listing = subprocess.run(
+            ["fc-list", ":lang=zh", "family"], capture_output=True, text=True, check=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return frozenset()
+    return frozenset(name.strip() for line in listing.splitlines() for name in line.split(","))
+
+
+def fonts_drawing(page, element_id: str) -> list[dict]:
+    """The platform fonts Chromium used for an element's own text, with their glyph counts."""
+    cdp = page.context.new_cdp_session(page)
+    try:
+        cdp.send("DOM.enable")
+        cdp.send("CSS.enable")
+        root = cdp.send("DOM.getDocument", {"depth": 0})["root"]["nodeId"]
+        node = cdp.send("DOM.querySelector", {"nodeId": root, "selector": f"#{element_id}"})
+        return cdp.send("CSS.getPlatformFontsForNode", {"nodeId": node["nodeId"]})["fonts"]
+    finally:
+        cdp.detach()
+
+
+def check_chinese_glyphs(page, path: str) -> None:
+    """Chinese text is drawn by a font that has its glyphs (not as empty boxes, "tofu")."""
+    families = cjk_font_families()
+    if not families:
+        skip_or_fail("no font covering Chinese (apt-get install fonts-noto-cjk; needs fc-list)")
+    probe = page.evaluate(CJK_PROBE_JS)
+    assert probe, f"{path}: no paragraph of Chinese text in the article"
+    assert probe["width"] > 0 and probe["height"] > 0, f"{path}: the Chinese text is not drawn"
+    fonts = fonts_drawing(page, probe["id"])
+    chinese = len(CJK.findall(probe["text"]))
+    drawn = sum(f["glyphCount"] for f in fonts if f["familyName"] in families)
+    assert drawn >= chinese, (
+        f"{path}: {chinese} Chinese characters, {drawn} glyphs from a Chinese font; fonts used: "
+        f"{[(f['familyName'], f['glyphCount']) for f in fonts]}"
+    )
+
+
+def zh_counterpart(path: str) -> str:
+    """The English page that a Chinese page's language switch opens."""
+    english = [f"{read_yaml(REPO / '_toc.yml')['root']}.html"] + [f"{c}.html" for c in CHAPTERS]
+    return path if path in english else english[0]
+
+
+def switch_target(page, site: str) -> str:
+    switch = page.locator("a.language-switch")
+    assert switch.count() == 1, f"{switch.count()} language switches on {page.url}"
+    href = switch.get_attribute("href")
+    return urljoin(page.url, href).removeprefix(site)
+
+
+@pytest.mark.parametrize("path", ZH_PAGES)
+def test_chinese_page(open_page, site, path):
+    """A page of the Chinese edition: Chinese glyphs, typeset math, the English notebook's
+    exercises with folded solutions, Colab opening the Chinese notebook, the language switch."""
+    assert (HTML / "zh" / path).exists(), f"zh/{path} is not in the built book (make book)"
+    page, problems = open_page(f"zh/{path}")
+    assert page.evaluate("() => document.documentElement.lang") == "zh-CN"
+    h1 = page.locator("article h1").first.inner_text()
+    stem = Path(path).stem
+    untranslated = page.locator("article .admonition.note", has_text="本章尚未译成中文").count()
+    assert untranslated or CJK.search(h1), f"zh/{path}: the title {h1!r} is not Chinese"
+    check_chinese_glyphs(page, f"zh/{path}")
+    if stem != "glossary":
+        check_math(page, f"zh/{path}", problems)
+    if f"chapters/{stem}" in CHAPTERS:
+        facts = notebook_facts(stem)
+        assert page.locator("article div.exercise").count() == facts["exercises"]
+        solutions = page.locator("article div.solution")
+        assert solutions.count() == facts["solutions"], f"zh/{path}: solutions missing"
+        for i in range(solutions.count()):
+            body = solutions.nth(i).locator("section, .cell").first
+            assert not body.is_visible(), f"zh/{path}: solution {i + 1} is not folded"
+        hrefs = set(
+            page.eval_on_selector_all(
+                'a[href^="https://colab.research.google.com/"]', "els => els.map(e => e.href)"
+            )
+        )
+        expected = colab_url(stem).replace("/chapters/", "/zh/chapters/")
+        assert hrefs == {expected}, f"zh/{path}: Colab links {hrefs}, expected {expected}"
+    assert switch_target(page, site) == zh_counterpart(path)
+    assert not problems["page_errors"], f"zh/{path}: JavaScript errors: {problems['page_errors']}"
+    violations = axe_violations(page)
+    assert not violations, f"zh/{path}: accessibility violations (axe-core):\n" + "\n".join(
+        violations
+    )
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / f"zh-{stem}.png")
+
+
+@pytest.mark.parametrize("path", ZH_PAGES)
+def test_chinese_page_on_a_phone(open_phone_page, path):
+    """Chinese lines break anywhere, but code and math inside them must not widen the page."""
+    page, problems = open_phone_page(f"zh/{path}")
+    overflow = page.evaluate(PAGE_OVERFLOW_JS)
+    assert overflow["scrollWidth"] <= overflow["width"] and not overflow["culprits"], (
+        f"zh/{path}: the page scrolls sideways at {PHONE['width']} px; what sticks out:\n"
+        + "\n".join(overflow["culprits"][:10])
+    )
+    check_wide_content(page, f"zh/{path}")
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_english_page_switches_to_chinese(open_page, site, path):
+    page, _ = open_page(path)
+    assert switch_target(page, site) == f"zh/{path}"
+
+
+def test_chinese_search_finds_chinese_words(open_page):
+    """Sphinx's Chinese search index (words split by jieba) answers a Chinese query."""
+    page, problems = open_page("zh/search.html?q=%E6%8E%A9%E7%A0%81")  # 掩码 (mask)
+    results = page.locator("#search-results ul.search li")
+    results.first.wait_for(timeout=15_000)
+    links = page.eval_on_selector_all(
+        "#search-results ul.search li a", "els => els.map(e => e.href)"
+    )
+    assert any(link.split("?")[0].endswith("04_masking.html") for link in links), links
+    assert not problems["page_errors"], f"JavaScript errors: {problems['page_errors']}"

@@ -10,12 +10,18 @@ everywhere; what is not "call the answer and compare" brings a ``custom`` check.
 The chapters build exercises with :func:`exercise` and :func:`prediction`, whose known mistakes
 follow the cases as ``(wrong answer, hint)`` pairs, one a line; a hint too long for its line is a
 named constant just above the exercise (so ``ruff format`` keeps the table as written).
+
+Every fixed text a learner reads goes through :func:`tr`, which looks it up in the catalogue of
+the chosen language (:func:`set_language`, or the environment variable ``MHA_LANG`` read on
+import; English by default). A message made from values translates its template, not the result:
+``tr("has shape {got}, expected {want}", got=..., want=...)``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +33,43 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import mha
+
+from ._zh import MESSAGES as _ZH
+
+#: The languages the checkers speak: English (the texts in the code) and Chinese (``_zh.py``).
+LANGUAGES = ("en", "zh")
+_CATALOGUES: dict[str, Mapping[str, str]] = {"en": {}, "zh": _ZH}
+
+
+def _language_from_environment() -> str:
+    """``MHA_LANG`` as a language of :data:`LANGUAGES` ("zh_CN.UTF-8" -> "zh"); English if unset
+    or unknown, so that a stray locale never breaks ``import mha.exercises``."""
+    value = os.environ.get("MHA_LANG", "").strip().lower()
+    value = value.replace("-", "_").split(".")[0].split("_")[0]
+    return value if value in LANGUAGES else "en"
+
+
+_language = _language_from_environment()
+
+
+def set_language(language: str) -> None:
+    """Make the checkers speak ``language``: "en" (the default) or "zh" (中文)."""
+    global _language
+    if language not in LANGUAGES:
+        raise ValueError(f"language must be one of {list(LANGUAGES)}, got {language!r}")
+    _language = language
+
+
+def get_language() -> str:
+    """The language the checkers speak now, one of :data:`LANGUAGES`."""
+    return _language
+
+
+def tr(text: str, *args: object, **values: object) -> str:
+    """``text`` in the current language; with ``args`` or ``values`` a template, formatted after
+    the translation (so the values stay as they are). Texts without a translation stay English."""
+    text = _CATALOGUES[_language].get(text, text)
+    return text.format(*args, **values) if args or values else text
 
 
 class ExerciseError(AssertionError):
@@ -120,23 +163,24 @@ def difference(
     if not isinstance(want, Tensor):
         if _close(got, want, atol, rtol, False):
             return None
-        return "is {}, expected {}".format(
-            *(f"{v:.3g}" if isinstance(v, float) else repr(v) for v in (got, want))
+        return tr(
+            "is {}, expected {}",
+            *(f"{v:.3g}" if isinstance(v, float) else repr(v) for v in (got, want)),
         )
     if not isinstance(got, Tensor):
-        return f"gave {type(got).__name__}, expected a torch.Tensor"
+        return tr("gave {kind}, expected a torch.Tensor", kind=type(got).__name__)
     if got.shape != want.shape:
-        return f"has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+        return tr("has shape {got}, expected {want}", got=tuple(got.shape), want=tuple(want.shape))
     if exact_dtype and got.dtype != want.dtype:
-        return f"has dtype {got.dtype}, expected {want.dtype}"
+        return tr("has dtype {got}, expected {want}", got=got.dtype, want=want.dtype)
     got = got.detach().to(want.dtype)
     if got.is_floating_point() and got.isnan().any() and not want.isnan().any():
-        return "contains NaN"
+        return tr("contains NaN")
     try:
         torch.testing.assert_close(got, want.detach(), atol=atol, rtol=rtol, equal_nan=True)
     except AssertionError as err:
         summary = "; ".join(line.strip() for line in str(err).splitlines()[1:4] if line.strip())
-        return f"has the right shape but wrong values ({summary})"
+        return tr("has the right shape but wrong values ({summary})", summary=summary)
     return None
 
 
@@ -197,8 +241,9 @@ class Exercise:
         """Print the success line, or "not attempted yet" for a stub; raise ``ExerciseError``
         with a hint for a wrong answer. Warnings of the answer's code never reach stderr."""
         if not (self.prediction or _unfilled(answer) or callable(answer)):
-            kind = type(answer).__name__
-            raise TypeError(f"{self.name}: {self.params[0]} should be a function, got {kind}")
+            kind, param = type(answer).__name__, self.params[0]
+            message = "{name}: {param} should be a function, got {kind}"
+            raise TypeError(tr(message, name=self.name, param=param, kind=kind))
         try:
             if _unfilled(answer) or is_stub(answer):
                 raise NotAttempted
@@ -206,12 +251,13 @@ class Exercise:
                 warnings.simplefilter("ignore")  # e.g. overflow in exp: the hint says it better
                 detail = self.custom(answer) if self.custom else self._run(answer)
         except NotAttempted:  # not an error: "Run all" in Colab goes on past an unsolved exercise
-            print(
-                f"○ {self.name}: not attempted yet — write your answer in the cell above, "
+            message = (
+                "○ {name}: not attempted yet — write your answer in the cell above, "
                 "then run it again."
             )
+            print(tr(message, name=self.name))
             return
-        print(f"✓ {self.name}: correct — {detail}")
+        print(tr("✓ {name}: correct — {detail}", name=self.name, detail=detail))
 
     def checker(self) -> Callable[..., None]:
         """The public ``check_*`` function: named ``name``, taking ``params``, documented by
@@ -240,14 +286,25 @@ class Exercise:
         truth = self._truth() if self.prediction else None
         return [(m.fn(truth) if self.prediction else m.fn, m.hint) for m in self.mistakes]
 
+    def texts(self) -> list[str]:
+        """The fixed texts a learner may read from this checker (their translations are in the
+        catalogues); texts made from values go through :func:`tr` where they are made."""
+        hints = list(self.hint.values()) if isinstance(self.hint, Mapping) else [self.hint]
+        fixed = [self.success, *hints, self.crash_hint, self.forbidden_hint]
+        fixed += [m.hint for m in self.mistakes]
+        if self.prediction:  # the label of the default case, "your prediction"
+            fixed += [case.label for case in self.cases()]
+        return list(dict.fromkeys(t for t in fixed if isinstance(t, str) and t))
+
     def _truth(self, *args: Any, **kwargs: Any) -> Any:
         """The reference's output; only an exercise with a ``custom`` check has no reference."""
         assert self.reference is not None, f"{self.name} has no reference"
         return self.reference(*args, **kwargs)
 
     def _run(self, answer: object) -> str:
+        forbidden = f"{self.name}: {tr(self.forbidden_hint)}"
         if any(answer is getattr(owner, name, None) for owner, name in self.forbidden):
-            raise ExerciseError(f"{self.name}: {self.forbidden_hint}")
+            raise ExerciseError(forbidden)
         want = None
         for index, case in enumerate(self.cases()):
             if case.expected is not None:
@@ -255,7 +312,7 @@ class Exercise:
             else:
                 want = self._truth(*case.args, **case.kwargs)
                 want = self.convert(want) if self.prediction and self.convert else want
-            with forbid(self.forbidden, f"{self.name}: {self.forbidden_hint}"):
+            with forbid(self.forbidden, forbidden):
                 got = self._output(answer, case)
             if index == 0 and (
                 got is None or isinstance(got, _Raised) and isinstance(got.err, NotImplementedError)
@@ -264,7 +321,7 @@ class Exercise:
             message = self._diagnose(case, got, want)
             if message:
                 raise ExerciseError(message)
-        return self.success(want) if callable(self.success) else self.success
+        return self.success(want) if callable(self.success) else tr(self.success)
 
     def _output(self, answer: object, case: Case) -> object:
         """What ``answer`` gives on ``case``: its (converted) output, or what it raised."""
@@ -296,7 +353,7 @@ class Exercise:
             out = self._output(answer, case)
             if isinstance(got, _Raised) or isinstance(out, _Raised):
                 if isinstance(got, _Raised) and got.same(out):
-                    return hint
+                    return tr(hint)
                 continue
             if index is not None:
                 out = (
@@ -306,40 +363,45 @@ class Exercise:
                 )
             # a "mistake" that is right on this input says nothing about the learner's answer
             if not _close(out, want, atol, rtol, exact) and _close(got, out, atol, rtol, exact):
-                return hint
+                return tr(hint)
         return None
 
     def _generic_hint(self, name: str) -> str:
         if callable(self.hint):
-            return self.hint(name)
-        return self.hint.get(name, "") if isinstance(self.hint, Mapping) else self.hint
+            return self.hint(name)  # translates its own texts
+        return tr(self.hint.get(name, "") if isinstance(self.hint, Mapping) else self.hint)
 
     def _diagnose(self, case: Case, got: object, want: Any) -> str | None:
         """The error message for a wrong output, or None if ``got`` is right. ``want`` is the
         reference's output: a sequence of the parts named by ``outputs`` when there are any."""
+        label = tr(case.label)
         if isinstance(got, _Raised):
-            hint = self._known(case, got, want, None) or self.crash_hint
-            return f"{case.label} raised {got}. {hint}".rstrip()
+            hint = self._known(case, got, want, None) or tr(self.crash_hint)
+            return tr("{label} raised {error}. {hint}", label=label, error=got, hint=hint).rstrip()
         if not self.outputs:
             problem = difference(got, want, **self._tolerance(case))
             if not problem:
                 return problem
             hint = self._known(case, got, want, None) or self._generic_hint("")
-            return f"{case.label} {problem}. {hint}".rstrip()
+            return tr("{label} {problem}. {hint}", label=label, problem=problem, hint=hint).rstrip()
         if not (isinstance(got, tuple) and len(got) == len(self.outputs)):
             hint = self._known(case, got, want, None) or ""
             names, kind = ", ".join(self.outputs), type(got).__name__
-            return f"{case.label} should return a tuple ({names}), got {kind}. {hint}".rstrip()
+            message = "{label} should return a tuple ({names}), got {kind}. {hint}"
+            return tr(message, label=label, names=names, kind=kind, hint=hint).rstrip()
         problems = []
         for index, name in enumerate(self.outputs):
             problem = difference(got[index], want[index], **self._tolerance(case))
             if problem:
                 hint = self._known(case, got[index], want[index], index) or self._generic_hint(name)
-                problems.append(f"{case.label}: {name} {problem}. {hint}")
+                message = "{label}: {name} {problem}. {hint}"
+                problems.append(tr(message, label=label, name=name, problem=problem, hint=hint))
                 if not self.report_all:
                     break
         if self.report_all and problems:
-            problems.insert(0, f"{len(problems)} of the {len(self.outputs)} answers are wrong:")
+            wrong, total = len(problems), len(self.outputs)
+            message = tr("{wrong} of the {total} answers are wrong:", wrong=wrong, total=total)
+            problems.insert(0, message)
             return "\n".join(problems)
         return problems[0] if problems else None
 
@@ -347,18 +409,20 @@ class Exercise:
 def as_int(value: object, what: str) -> int:
     """``value`` as an int, or an ``ExerciseError`` naming ``what``."""
     if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise ExerciseError(f"{what} should be an int, got {value!r}.")
+        raise ExerciseError(tr("{what} should be an int, got {value!r}.", what=what, value=value))
     return value.__index__()
 
 
 def as_mapping(value: object, keys: Sequence[str], what: str = "predictions") -> Mapping:
     """``value`` if it is a dict holding exactly ``keys``, else an ``ExerciseError``."""
     if not isinstance(value, Mapping):
-        raise ExerciseError(f"{what} should be a dict, got {type(value).__name__}.")
+        kind = type(value).__name__
+        raise ExerciseError(tr("{what} should be a dict, got {kind}.", what=what, kind=kind))
     missing, unknown = [k for k in keys if k not in value], [k for k in value if k not in keys]
     if missing or unknown:
+        message = "{what} should have the keys {keys}; missing {missing}, unknown {unknown}."
         raise ExerciseError(
-            f"{what} should have the keys {list(keys)}; missing {missing}, unknown {unknown}."
+            tr(message, what=what, keys=list(keys), missing=missing, unknown=unknown)
         )
     return value
 
@@ -367,7 +431,9 @@ def as_shape(value: object, what: str) -> tuple[int, ...]:
     """``value`` (a tuple, list or ``torch.Size`` of ints) as a tuple, or an ``ExerciseError``."""
     if isinstance(value, (tuple, list)) and all(type(n) is int for n in value):
         return tuple(value)
-    raise ExerciseError(f"{what} should be a tuple of ints, got {value!r}.")
+    raise ExerciseError(
+        tr("{what} should be a tuple of ints, got {value!r}.", what=what, value=value)
+    )
 
 
 #: Where an exercise is to write attention, the ready-made ones it must not call.

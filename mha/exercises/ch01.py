@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._harness import NO_SDPA, Case, ExerciseError, attend, exercise, prediction, publish
+from ._harness import NO_SDPA, Case, ExerciseError, attend, exercise, prediction, publish, tr
 
 # The seed's "猫 吃 鱼" example: three tokens with 2-dimensional embeddings, Q = K = V = X.
 CAT_EATS_FISH = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])  # (L, E) = (3, 2)
@@ -114,10 +114,11 @@ def _as_matrix(answer: object) -> Tensor:
     try:
         return torch.as_tensor(answer, dtype=torch.float32)
     except (TypeError, ValueError, RuntimeError) as err:
-        raise ExerciseError(
+        message = (
             "Write the prediction as a 3x2 nested list of numbers, e.g. [[a, b], [c, d], [e, f]] "
-            f"({type(err).__name__}: {err})."
-        ) from None
+            "({kind}: {err})."
+        )
+        raise ExerciseError(tr(message, kind=type(err).__name__, err=err)) from None
 
 
 def _seed_head(w: Tensor, **slip: Any) -> Tensor:

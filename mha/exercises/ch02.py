@@ -13,7 +13,17 @@ from torch import Tensor
 
 import mha
 
-from ._harness import NO_SDPA, Case, ExerciseError, as_shape, attend, exercise, prediction, publish
+from ._harness import (
+    NO_SDPA,
+    Case,
+    ExerciseError,
+    as_shape,
+    attend,
+    exercise,
+    prediction,
+    publish,
+    tr,
+)
 
 _SOFTMAXES = ("softmax", "log_softmax")
 _AXIS = "Use `dim` in both the max and the sum, with keepdim=True so that they broadcast back."
@@ -96,14 +106,15 @@ def _variances() -> tuple[float, float]:
 def _as_numbers(answer: tuple[object, object]) -> tuple[float, float]:
     for name, value in zip(("unscaled", "scaled"), answer):
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise ExerciseError(f"{name} should be a number, got {value!r}.")
+            message = tr("{name} should be a number, got {value!r}.", name=name, value=value)
+            raise ExerciseError(message)
     return float(answer[0]), float(answer[1])  # type: ignore[arg-type]  # checked above
 
 
 _SCALED = "dividing a variable by c divides its variance by c², here by d_k."
 QK_VARIANCE_PREDICTION = prediction(
     "check_qk_variance_prediction",
-    lambda want: f"measured {want[0]:.1f} unscaled and {want[1]:.2f} scaled",
+    lambda want: tr("measured {0:.1f} unscaled and {1:.2f} scaled", *want),
     _variances,
     (lambda t: (math.sqrt(t[0]), t[1]), "that is the standard deviation √d_k; square it."),
     (lambda t: (1.0, t[1]), "the variances of the 64 independent products add up."),
@@ -130,7 +141,7 @@ def _true_shapes() -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 SHAPE_PREDICTION = prediction(
     "check_shape_prediction",
-    lambda want: f"weights {want[0]}, out {want[1]}",
+    lambda want: tr("weights {0}, out {1}", *want),
     _true_shapes,
     (lambda t: ((2, 8, 7, 10), t[1]), "rows are queries (L = 10), columns keys (S = 7)."),
     (lambda t: ((2, 8, 10, 64), t[1]), "q @ kᵀ sums the head dim D away."),

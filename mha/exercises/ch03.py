@@ -21,6 +21,7 @@ from ._harness import (
     exercise,
     prediction,
     publish,
+    tr,
 )
 
 # Split (B, N, H·D) -> (B, H, N, D) and merge back: right (by slicing, so that it cannot share a
@@ -232,17 +233,22 @@ def _run_post_class(cls: type, case: Case) -> object:
         try:
             model = cls(12, H)
         except Exception as err:  # the learner's bug, quoted back
-            raise ExerciseError(
-                f"{getattr(cls, '__name__', cls)}(12, {H}) raised {type(err).__name__}: {err}. "
+            message = (
+                "{cls}(12, {H}) raised {kind}: {err}. "
                 "Keep the constructor of the post: (d_model, num_heads)."
+            )
+            name = getattr(cls, "__name__", cls)
+            raise ExerciseError(
+                tr(message, cls=name, H=H, kind=type(err).__name__, err=err)
             ) from err
     for name, proj in zip(_POST_LAYERS, projs):
         layer = getattr(model, name, None)
         if not isinstance(layer, nn.Linear) or layer.weight.shape != (12, 12) or layer.bias is None:
-            raise ExerciseError(
-                f"The module needs the post's layer {name} = nn.Linear(d_model, d_model) (with "
+            message = (
+                "The module needs the post's layer {name} = nn.Linear(d_model, d_model) (with "
                 "bias); fix the bug in forward and keep the layers as they are."
             )
+            raise ExerciseError(tr(message, name=name))
         layer.load_state_dict(proj.state_dict())
     with torch.no_grad():
         return model.eval()(query.clone(), key.clone(), value.clone())
@@ -307,7 +313,8 @@ def _as_predictions(predictions: object) -> tuple[object, ...]:
     predictions = as_mapping(predictions, _SHAPE_KEYS)
     for name, value in predictions.items():
         if value is ... or (isinstance(value, (tuple, list)) and ... in value):
-            raise ExerciseError(f"Replace the ... in predictions[{name!r}] by your prediction.")
+            message = "Replace the ... in predictions[{name!r}] by your prediction."
+            raise ExerciseError(tr(message, name=name))
     return tuple(
         (as_int if n == "num_parameters" else as_shape)(predictions[n], f"predictions[{n!r}]")
         for n in _SHAPE_KEYS

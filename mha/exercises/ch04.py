@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._harness import NO_SDPA, Case, ExerciseError, as_shape, exercise, prediction, publish
+from ._harness import NO_SDPA, Case, ExerciseError, as_shape, exercise, prediction, publish, tr
 
 _INVERTED = "Inverted: here (and in SDPA) True = may attend; flip it with ~."
 _NOT_BOOL = "Return a bool tensor: a 1/0 float mask is *added* to the scores and masks nothing."
@@ -88,7 +88,8 @@ def _as_mask_prediction(answer: tuple[Any, Iterable[Iterable[object]], Any]) -> 
     try:
         mask = torch.tensor([[bool(x) for x in row] for row in rows])
     except (TypeError, ValueError) as err:
-        raise ExerciseError(f"mask should be a list of 4 rows of 4 zeros/ones ({err}).") from None
+        message = "mask should be a list of 4 rows of 4 zeros/ones ({err})."
+        raise ExerciseError(tr(message, err=err)) from None
     return as_shape(shape, "shape"), mask, sorted(as_shape(empty_rows, "empty_rows"))
 
 
@@ -97,7 +98,7 @@ _TRAILING = "Broadcasting aligns trailing dims: (B, 1, 1, S) & (L, S) -> (B, 1, 
 _NOT_CAUSAL = "The mask is causal too: query i sees no key after i."
 MASK_PREDICTION = prediction(
     "check_mask_prediction",
-    lambda want: f"shape {want[0]}, empty rows {want[2]}",
+    lambda want: tr("shape {0}, empty rows {1}", want[0], want[2]),
     _mask_truth,
     (lambda t: ((2, 4, 4), *t[1:]), _TRAILING),
     (lambda t: ((2, 8, 4, 4), *t[1:]), "The head dim stays 1 until the scores meet it."),

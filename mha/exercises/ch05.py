@@ -14,7 +14,7 @@ import mha
 
 from .. import flash
 from ..hardware import sdpa_backends
-from ._harness import Case, ExerciseError, as_mapping, exercise, prediction, publish
+from ._harness import Case, ExerciseError, as_mapping, exercise, prediction, publish, tr
 
 _ACC = "acc_new = exp(m - m_new) * acc + exp(scores - m_new) @ value"
 _HINT_ACC_RESCALE = f"Rescale the old acc to the new maximum: {_ACC}."
@@ -210,25 +210,27 @@ _HINT_FLASH = (
 def _backend_hint(case: str) -> str:
     picked, reason = _cpu_backend(case)
     if picked == "flash":
-        return _HINT_FLASH
-    return f"torch refuses the flash kernel here and says: {reason.rstrip('.')}."
+        return tr(_HINT_FLASH)
+    message = "torch refuses the flash kernel here and says: {reason}."
+    return tr(message, reason=reason.rstrip("."))
 
 
 def _as_backends(predictions: object) -> tuple[str, ...]:
     predictions = as_mapping(predictions, list(SDPA_CASES))
     for case, guess in predictions.items():
         if guess not in ("flash", "math"):
-            raise ExerciseError(
-                f"predictions[{case!r}] should be 'flash' or 'math', got {guess!r}."
-            )
+            message = "predictions[{case!r}] should be 'flash' or 'math', got {guess!r}."
+            raise ExerciseError(tr(message, case=case, guess=guess))
     return tuple(predictions[c] for c in SDPA_CASES)
 
 
 SDPA_BACKEND_PREDICTION = prediction(
     "check_sdpa_backend_prediction",
-    lambda want: (
-        f"all {len(want)} predictions right ({want.count('flash')} flash, "
-        f"{want.count('math')} math)"
+    lambda want: tr(
+        "all {0} predictions right ({1} flash, {2} math)",
+        len(want),
+        want.count("flash"),
+        want.count("math"),
     ),
     lambda: {case: _cpu_backend(case)[0] for case in SDPA_CASES},
     (lambda truth: {**truth, "bool_mask": "math"}, _HINT_FLASH),

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ..masks import sliding_window_mask
-from ._harness import Case, Exercise, ExerciseError, as_int, difference, exercise, publish
+from ._harness import Case, Exercise, ExerciseError, as_int, difference, exercise, publish, tr
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -120,9 +120,8 @@ def _visited_tiles(kv_tile_range: Callable[..., object], case: Case) -> object:
     """The starts of the key tiles the kernel's loop ``range(lo, hi, BLOCK_N)`` visits."""
     out = kv_tile_range(*case.args)
     if out is not None and not (isinstance(out, tuple) and len(out) == 2):
-        raise ExerciseError(
-            f"kv_tile_range{case.args} should return a tuple (lo, hi), got {out!r}."
-        )
+        message = "kv_tile_range{args} should return a tuple (lo, hi), got {out!r}."
+        raise ExerciseError(tr(message, args=case.args, out=out))
     return out and tuple(range(as_int(out[0], "lo"), as_int(out[1], "hi"), case.args[2]))
 
 
@@ -174,19 +173,22 @@ def _kernel_device(kernel: object) -> str:
         from triton.runtime.interpreter import InterpretedFunction
         from triton.runtime.jit import JITFunction
     except ImportError:
-        raise ExerciseError("this exercise needs Triton: pip install triton") from None
+        raise ExerciseError(tr("this exercise needs Triton: pip install triton")) from None
     if isinstance(kernel, InterpretedFunction):
         return "cpu"
     if not isinstance(kernel, JITFunction):
-        raise ExerciseError(
+        message = (
             "softmax_kernel should be a Triton kernel (a function decorated with @triton.jit), "
-            f"got {type(kernel).__name__}."
+            "got {kind}."
         )
+        raise ExerciseError(tr(message, kind=type(kernel).__name__))
     if not torch.cuda.is_available():
         raise ExerciseError(
-            "your kernel was compiled for a GPU, but there is none. Set "
-            "os.environ['TRITON_INTERPRET'] = '1' before the first `import triton`, then restart "
-            "the kernel and run the chapter again."
+            tr(
+                "your kernel was compiled for a GPU, but there is none. Set "
+                "os.environ['TRITON_INTERPRET'] = '1' before the first `import triton`, then "
+                "restart the kernel and run the chapter again."
+            )
         )
     return "cuda"
 
@@ -195,18 +197,18 @@ def _softmax_kernel_hint(x: Tensor, y: Tensor) -> str:
     """Name the slip that explains a wrong output ``y`` of the kernel on ``x``."""
     n_rows, n_cols = x.shape
     if (y == _UNWRITTEN).all(1).any():
-        return "some rows were never written: program tl.program_id(0) stores its whole row."
+        return tr("some rows were never written: program tl.program_id(0) stores its whole row.")
     if not torch.isfinite(y).all():
-        return "exp overflowed: subtract the row maximum, tl.max(x, axis=0), before tl.exp."
+        return tr("exp overflowed: subtract the row maximum, tl.max(x, axis=0), before tl.exp.")
     block = 1 << (n_cols - 1).bit_length()
     padded = torch.cat([x, torch.zeros(n_rows, block - n_cols)], 1)  # lanes past n_cols read as 0
     if block > n_cols and torch.allclose(y, torch.softmax(padded, -1)[:, :n_cols], atol=1e-6):
-        return "lanes past n_cols count in your sum: load them with other=-float('inf')."
+        return tr("lanes past n_cols count in your sum: load them with other=-float('inf').")
     # What a kernel reads that steps n_cols (not stride_x) elements from one row to the next:
     packed = x.as_strided((n_rows, n_cols), (n_cols, 1))  # (n_rows, n_cols)
     if x.stride(0) != n_cols and torch.allclose(y, torch.softmax(packed, -1), atol=1e-6):
-        return "row r starts at X + r * stride_x, not X + r * n_cols."
-    return "each row must be exp(x - max) / sum(exp(x - max)) over its own n_cols values."
+        return tr("row r starts at X + r * stride_x, not X + r * n_cols.")
+    return tr("each row must be exp(x - max) / sum(exp(x - max)) over its own n_cols values.")
 
 
 def _check_softmax_kernel(kernel: Any) -> str:  # a Triton kernel, checked by _kernel_device
@@ -223,15 +225,19 @@ def _check_softmax_kernel(kernel: Any) -> str:  # a Triton kernel, checked by _k
             kernel[(n_rows,)](x_dev, y, x_dev.stride(0), y.stride(0), n_cols, BLOCK=block)
         except Exception as err:  # noqa: BLE001 - any error of the learner's kernel is quoted back
             first = str(err).splitlines()[0] if str(err) else ""
-            raise ExerciseError(
-                f"{label} raised {type(err).__name__}: {first}. Keep the signature "
+            message = (
+                "{label} raised {kind}: {first}. Keep the signature "
                 "(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr)."
-            ) from None
+            )
+            kind = type(err).__name__
+            raise ExerciseError(tr(message, label=label, kind=kind, first=first)) from None
         y, want = y.cpu(), torch.softmax(x, dim=-1)
         problem = difference(y, want, atol=1e-6, rtol=1e-5)
         if problem:
-            raise ExerciseError(f"{label} {problem}. {_softmax_kernel_hint(x, y)}")
-    return "ragged rows, large logits and strided rows all right"
+            hint = _softmax_kernel_hint(x, y)
+            message = tr("{label} {problem}. {hint}", label=label, problem=problem, hint=hint)
+            raise ExerciseError(message)
+    return tr("ragged rows, large logits and strided rows all right")
 
 
 SOFTMAX_KERNEL = Exercise(

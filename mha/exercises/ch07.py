@@ -20,7 +20,7 @@ from torch import Tensor
 import mha
 
 from .. import flash
-from ._harness import Case, Exercise, ExerciseError, Mistake, publish
+from ._harness import Case, Exercise, ExerciseError, Mistake, publish, tr
 
 
 def _randn(g: torch.Generator, *shape: int) -> Tensor:
@@ -263,7 +263,8 @@ def _memory_truth() -> tuple[float, float, float]:
 def _as_numbers(answer: tuple[object, ...]) -> tuple[float, ...]:
     for name, value in zip(("mib", "naive_growth", "tiled_growth"), answer):
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise ExerciseError(f"{name} should be a number, got {value!r}.")
+            message = tr("{name} should be a number, got {value!r}.", name=name, value=value)
+            raise ExerciseError(message)
     return tuple(float(v) for v in answer)  # type: ignore[arg-type]  # checked above
 
 
@@ -282,9 +283,9 @@ _MEMORY_MISTAKES = (
 
 MEMORY_PREDICTION = Exercise(
     "check_memory_prediction",
-    lambda want: (
-        f"{want[0]:.0f} MiB; saved bytes grow ~{want[1]:.1f}x (naive) "
-        f"and ~{want[2]:.1f}x (tiled) when L doubles"
+    lambda want: tr(
+        "{0:.0f} MiB; saved bytes grow ~{1:.1f}x (naive) and ~{2:.1f}x (tiled) when L doubles",
+        *want,
     ),
     _memory_truth,
     mistakes=_MEMORY_MISTAKES,
