@@ -7,6 +7,7 @@ Run the tests through the Makefile (`make test`), or directly:
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import subprocess
@@ -109,3 +110,17 @@ def book_config() -> dict:
 @pytest.fixture(scope="session")
 def toc() -> dict:
     return read_yaml(REPO / "_toc.yml")
+
+
+@pytest.fixture(scope="module")
+def tf():
+    """``mha.triton_flash``, built for the GPU if there is one, else for Triton's interpreter."""
+    pytest.importorskip("triton")
+    import mha.triton_flash as module
+
+    on_cpu = not torch.cuda.is_available()
+    if module.is_interpreted() != on_cpu:
+        module = importlib.reload(module)  # imported earlier under another setting
+    assert module.is_interpreted() == on_cpu
+    module._check_mode(module.is_interpreted())  # Triton itself was imported after the setting
+    return module

@@ -8,7 +8,6 @@ Select these tests with ``pytest -m triton``.
 
 from __future__ import annotations
 
-import importlib
 import os
 
 import pytest
@@ -22,19 +21,6 @@ if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"  # no GPU: Triton can only interpret
 
 pytestmark = pytest.mark.triton
-
-
-@pytest.fixture(scope="module")
-def tf():
-    """``mha.triton_flash``, built for the GPU if there is one, else for the interpreter."""
-    pytest.importorskip("triton")
-    import mha.triton_flash as module
-
-    if module.is_interpreted() != (DEVICE == "cpu"):
-        module = importlib.reload(module)  # imported earlier under another setting
-    assert module.is_interpreted() == (DEVICE == "cpu")
-    module._check_mode(module.is_interpreted())
-    return module
 
 
 def inputs(B, H, L, S, D, dtype=torch.float32, seed=0):

@@ -10,7 +10,6 @@ runs every program of the grid one after the other in NumPy. Select these tests 
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -27,19 +26,6 @@ if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"  # no GPU: Triton can only interpret (see above)
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def tf():
-    """``mha.triton_flash``, built for the GPU if there is one, else for the interpreter."""
-    pytest.importorskip("triton")
-    import mha.triton_flash as module
-
-    if module.is_interpreted() != (DEVICE == "cpu"):
-        module = importlib.reload(module)  # imported earlier under another setting
-    assert module.is_interpreted() == (DEVICE == "cpu")
-    module._check_mode(module.is_interpreted())  # Triton itself was imported after the setting
-    return module
 
 
 def qkv(B, H, L, S, D, dtype=torch.float32, seed=0):
