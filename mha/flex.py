@@ -28,13 +28,6 @@ MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
-def _int_tensor(name: str, value: object, ndim: int) -> Tensor:
-    t = validate.tensor(name, value, ndim=ndim)
-    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integers, got dtype {t.dtype}")
-    return t
-
-
 def causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
     """Causal attention (top-left aligned, as :func:`mha.causal_mask`): keys up to the query."""
     return q_idx >= kv_idx
@@ -48,7 +41,7 @@ def sliding_window(window: int | Tensor) -> MaskMod:
             take a new window size (changed in place) without compiling again.
     """
     if isinstance(window, Tensor):
-        _int_tensor("window", window, ndim=0)
+        validate.integer_tensor("window", window, ndim=0)
     else:
         validate.positive_int("window", window)
 
@@ -65,7 +58,7 @@ def padding(lengths: Tensor) -> MaskMod:
     Shapes:
         lengths: ``(B,)``, the number of real tokens of each sequence.
     """
-    _int_tensor("lengths", lengths, ndim=1)
+    validate.integer_tensor("lengths", lengths, ndim=1)
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return kv_idx < lengths[b]
@@ -81,7 +74,7 @@ def document(doc_ids: Tensor) -> MaskMod:
     Shapes:
         doc_ids: ``(S,)``, the document each position belongs to (queries and keys share it).
     """
-    _int_tensor("doc_ids", doc_ids, ndim=1)
+    validate.integer_tensor("doc_ids", doc_ids, ndim=1)
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return doc_ids[q_idx] == doc_ids[kv_idx]

@@ -185,12 +185,26 @@ def attn_mask(mask: Any, target: tuple[int, ...]) -> Tensor:
             f"got dtype {mask.dtype}"
         )
     m = shape(mask)
-    fits = len(m) <= len(target) and all(a in (1, b) for a, b in zip(reversed(m), reversed(target)))
-    if not fits:
+    if not _broadcasts(m, tuple(target)):
         raise ValueError(
             f"attn_mask of shape {m} is not broadcastable to the scores {tuple(target)}"
         )
     return mask
+
+
+def integer_tensor(name: str, value: Any, *, ndim: int | None = None) -> Tensor:
+    """A tensor of an integer dtype (not bool, floating or complex), e.g. positions or lengths."""
+    tensor(name, value, ndim=ndim)
+    if value.dtype == torch.bool or value.dtype.is_floating_point or value.dtype.is_complex:
+        raise TypeError(f"{name} must be an integer tensor, got dtype {value.dtype}")
+    return value
+
+
+def _broadcasts(small: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """True if a tensor of shape ``small`` broadcasts to ``target`` without growing it."""
+    return len(small) <= len(target) and all(
+        a in (1, b) for a, b in zip(reversed(small), reversed(target))
+    )
 
 
 def positions(name: str, value: Any, target: tuple[int, ...]) -> Tensor:
@@ -198,16 +212,9 @@ def positions(name: str, value: Any, target: tuple[int, ...]) -> Tensor:
 
     Like :func:`attn_mask`, it may have fewer dims and size-1 dims but never grow ``target``.
     """
-    tensor(name, value)
-    if value.dtype == torch.bool or value.dtype.is_floating_point or value.dtype.is_complex:
-        raise TypeError(f"{name} must be an integer tensor, got dtype {value.dtype}")
+    integer_tensor(name, value)
     p = shape(value)
-    fits = (
-        0 < len(p) <= len(target)
-        and p[-1] == target[-1]
-        and all(a in (1, b) for a, b in zip(reversed(p), reversed(target)))
-    )
-    if not fits:
+    if not (0 < len(p) and p[-1] == target[-1] and _broadcasts(p, target)):
         raise ValueError(
             f"{name} of shape {p} must be (L,) or broadcast to {tuple(target)} (..., L)"
         )

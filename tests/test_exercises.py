@@ -26,7 +26,18 @@ from torch import nn
 
 import mha
 import mha.exercises
-from mha.exercises import EXERCISES, ExerciseError, ch01, ch02, ch03, ch04, ch05, ch06
+from mha.exercises import (
+    EXERCISES,
+    ExerciseError,
+    ch01,
+    ch02,
+    ch03,
+    ch04,
+    ch05,
+    ch06,
+    ch07,
+    ch08,
+)
 from mha.exercises._harness import Case, Exercise, Mistake, exercise, prediction, publish
 
 BY_NAME = {ex.name: ex for ex in EXERCISES}
@@ -105,10 +116,13 @@ def test_checker_is_public_with_its_signature_and_docstring(ex):
     assert tuple(inspect.signature(checker).parameters) == ex.params
 
 
-@pytest.mark.parametrize("module", [ch01, ch02, ch03, ch04, ch05, ch06], ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "module", [ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08], ids=lambda m: m.__name__
+)
 def test_chapter_checkers_are_reexported(module):
     for ex in module.EXERCISES:
         assert getattr(mha.exercises, ex.name) is getattr(module, ex.name)
+        assert ex in EXERCISES
 
 
 def test_mha_loads_exercises_lazily():

@@ -14,12 +14,6 @@ from mha import flash
 from mha.exercises import ExerciseError, ch07
 
 
-def _not_attempted(name: str) -> str:
-    return (
-        f"○ {name}: not attempted yet — write your answer in the cell above, then run it again.\n"
-    )
-
-
 def _jacobian_softmax_backward(p, dp):
     """The explicit Jacobian, J = diag(p) - p pᵀ per row, times dP (J is symmetric)."""
     jac = torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)  # (..., L, S, S)
@@ -184,17 +178,3 @@ def test_attention_backward_refuses_autograd_and_restores_it(answer):
     x = torch.ones(2, requires_grad=True)
     (x * 3).sum().backward()
     assert x.grad.tolist() == [3.0, 3.0]
-
-
-@pytest.mark.parametrize("ex", ch07.EXERCISES, ids=lambda ex: ex.name)
-def test_stub_says_not_attempted(ex, capsys):
-    def stub(*args): ...  # your code here
-
-    getattr(mha.exercises, ex.name)(*([...] * len(ex.params) if ex.prediction else [stub]))
-    assert capsys.readouterr().out == _not_attempted(ex.name)
-
-
-def test_chapter7_checkers_are_reexported():
-    for ex in ch07.EXERCISES:
-        assert getattr(mha.exercises, ex.name) is getattr(ch07, ex.name)
-        assert ex in mha.exercises.EXERCISES

@@ -13,12 +13,6 @@ from mha import decoding, rope
 from mha.exercises import ExerciseError, ch08
 
 
-def _not_attempted(name: str) -> str:
-    return (
-        f"○ {name}: not attempted yet — write your answer in the cell above, then run it again.\n"
-    )
-
-
 def _rope_by_rotation_matrices(x, positions):
     """Each pair times its 2×2 rotation matrix [[cos, -sin], [sin, cos]]."""
     D = x.shape[-1]
@@ -126,17 +120,3 @@ def test_rope_with_the_library_is_refused_and_restored():
 def test_typical_mistakes_fail_with_their_hint(name, answer, hint):
     with pytest.raises(ExerciseError, match=hint):
         getattr(mha.exercises, name)(answer)
-
-
-@pytest.mark.parametrize("ex", ch08.EXERCISES, ids=lambda ex: ex.name)
-def test_stub_says_not_attempted(ex, capsys):
-    def stub(*args): ...  # your code here
-
-    getattr(mha.exercises, ex.name)(stub)
-    assert capsys.readouterr().out == _not_attempted(ex.name)
-
-
-def test_chapter8_checkers_are_reexported():
-    for ex in ch08.EXERCISES:
-        assert getattr(mha.exercises, ex.name) is getattr(ch08, ex.name)
-        assert ex in mha.exercises.EXERCISES

@@ -104,7 +104,7 @@ def test_every_mask_matches_flash_attention_with_a_dense_mask():
 def test_bad_arguments_name_themselves():
     with pytest.raises(ValueError, match="window"):
         flex.sliding_window(0)
-    with pytest.raises(TypeError, match="lengths must hold integers"):
+    with pytest.raises(TypeError, match="lengths must be an integer tensor"):
         flex.padding(torch.tensor([1.0, 2.0]))
     with pytest.raises(ValueError, match=r"doc_ids must have 1 dims.*\(2, 3\)"):
         flex.document(torch.zeros(2, 3, dtype=torch.long))
