@@ -12,6 +12,8 @@
 #                 and the Chinese notebooks in zh/
 #   make bench    measure the performance targets (tools/bench_report.py), each a ratio to PyTorch
 #   make gpu-check  run every chapter and the report on this machine -> results/<device>.json
+#   make test-robust  every chapter under load (1 thread, all threads, a busy core, memory
+#                 contention; 3 runs each): each measured claim's worst margin, >= 1.3 required
 #   make clean    remove build outputs (keeps .venv and node_modules)
 
 PYTHON ?= python3
@@ -33,10 +35,10 @@ NBVAL    := $(BIN)/pytest -p no:cacheprovider --nbval --nbval-current-env \
             --nbval-sanitize-with tests/sanitize.cfg
 
 .PHONY: help venv book lint test test-unit test-notebooks test-colab test-newest test-browser mathjax \
-        serve execute text translate bench gpu-check clean
+        serve execute text translate bench gpu-check test-robust clean
 
 help:
-	@sed -n '3,15p' Makefile
+	@sed -n '3,17p' Makefile
 
 # The virtual environment is (re)installed whenever requirements.txt or pyproject.toml changes.
 $(STAMP): requirements.txt pyproject.toml
@@ -131,6 +133,12 @@ bench: $(STAMP)
 # recorded in results/<device>.json. On a machine without CUDA it writes results/cpu.json.
 gpu-check: $(STAMP)
 	$(BIN)/python tools/gpu_check.py
+
+# Every chapter under four load conditions, three runs each (about 45 minutes on 2 cores): the
+# table of every measured claim's worst margin -> results/robustness/<device>.json. Not part of
+# make test.
+test-robust: $(STAMP)
+	$(BIN)/python tools/robustness.py
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis

@@ -15,8 +15,9 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
 * :mod:`mha.flex` — the course's masks as FlexAttention ``mask_mod``/``score_mod`` functions
 * :func:`expect_error` — show a deliberate error in a notebook without stopping it (``mha/demo.py``)
 * :mod:`mha.validation` — the argument checks every public function shares
-* :mod:`mha.bench`, :mod:`mha.viz`, :mod:`mha.hardware`, :mod:`mha.exercises` — measuring, drawing,
-  inspecting the machine, and checking your answers to the exercises (loaded on first use).
+* :mod:`mha.bench`, :mod:`mha.claims`, :mod:`mha.viz`, :mod:`mha.hardware`, :mod:`mha.exercises` —
+  measuring, asserting a measured claim with its margin, drawing, inspecting the machine, and
+  checking your answers to the exercises (loaded on first use).
 """
 
 import importlib
@@ -34,7 +35,7 @@ from .rope import apply_rope, rope_frequencies
 
 __version__ = "0.1.0"
 
-_LAZY_SUBMODULES = ("bench", "exercises", "flex", "hardware", "viz")
+_LAZY_SUBMODULES = ("bench", "claims", "exercises", "flex", "hardware", "viz")
 
 
 def __getattr__(name: str):
@@ -57,6 +58,7 @@ __all__ = [
     "bench",
     "causal_mask",
     "causal_mask_bottom_right",
+    "claims",
     "exercises",
     "expect_error",
     "flash_attention",

@@ -48,7 +48,7 @@ def check_arguments(
     ``groups`` is ``H // Hkv`` (1 without grouped-query attention); ``scale`` defaults to
     ``1/sqrt(D)``.
     """
-    groups = validate.qkv(query, key, value, enable_gqa=enable_gqa)
+    groups = validate.qkv(query, key, value, enable_gqa=validate.flag("enable_gqa", enable_gqa))
     validate.flag("is_causal", is_causal)
     scale = validate.scale(scale)
     if attn_mask is not None:
@@ -64,6 +64,8 @@ def softmax(scores: Tensor, dim: int = -1) -> Tensor:
     query that may attend to no key) has no finite maximum; we shift it by 0 instead, which makes
     every ``exp`` exactly 0, and return 0 for that row in the forward *and* backward pass.
     """
+    if scores.shape[dim] == 0:  # rows without entries (no keys): amax has nothing to reduce
+        return torch.softmax(scores, dim)
     row_max = scores.amax(dim, keepdim=True)
     row_max = torch.where(torch.isneginf(row_max), torch.zeros_like(row_max), row_max).detach()
     exp = torch.exp(scores - row_max)
@@ -102,6 +104,7 @@ def scaled_dot_product_attention(
     """
     groups, scale = check_arguments(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     validate.probability("dropout_p", dropout_p)
+    validate.flag("return_weights", return_weights)
     L, S = query.shape[-2], key.shape[-2]
     scores_shape = (*query.shape[:-2], L, S)  # (..., L, S)
     dtype = query.dtype
@@ -115,7 +118,7 @@ def scaled_dot_product_attention(
         q = fold_groups(q, groups)  # so stack their rows, (..., Hkv, G·L, D): no key is copied
     scores = (q @ key.transpose(-2, -1)).view(scores_shape)  # (..., L, S)
     masked = attn_mask is not None or is_causal
-    if is_causal:
+    if is_causal and L and S:  # (L or S = 0: no score to hide, and the output is empty or 0)
         scores = scores.masked_fill(~causal_mask(L, S, device=scores.device), float("-inf"))
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:

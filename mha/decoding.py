@@ -28,43 +28,6 @@ from .attention import check_arguments
 from .flash import flash_attention
 
 
-def _check_step(key: Tensor, value: Tensor) -> None:
-    """The keys and values of one step: ``(B, Hkv, S_new, D)`` and ``(B, Hkv, S_new, Dv)``."""
-    validate.tensor("key", key, floating=True, ndim=4, layout="(B, Hkv, S_new, D)")
-    validate.tensor("value", value, floating=True, ndim=4, layout="(B, Hkv, S_new, Dv)")
-    if key.shape[:3] != value.shape[:3]:
-        raise ValueError(
-            f"key and value must agree in (B, Hkv, S_new), got key {validate.shape(key)} "
-            f"and value {validate.shape(value)}"
-        )
-
-
-def _check_fits(key: Tensor, value: Tensor, store_k: Tensor, store_v: Tensor, dims: str) -> None:
-    """This step's tensors must match the stored ones in ``dims`` and the head dims (and dtype).
-
-    ``dims`` is ``"(B, Hkv)"`` for a cache laid out like the keys, ``"Hkv"`` for a block pool.
-    """
-    lead = (
-        (key.shape[:2], store_k.shape[:2])
-        if dims == "(B, Hkv)"
-        else (key.shape[1], store_k.shape[1])
-    )
-    if lead[0] != lead[1] or (key.shape[-1], value.shape[-1]) != (
-        store_k.shape[-1],
-        store_v.shape[-1],
-    ):
-        raise ValueError(
-            f"new keys {validate.shape(key)} and values {validate.shape(value)} do not match the "
-            f"cache {validate.shape(store_k)} and {validate.shape(store_v)} "
-            f"({dims} and the head dims must agree)"
-        )
-    if key.dtype != store_k.dtype or value.dtype != store_v.dtype:
-        raise TypeError(
-            f"new keys and values must have the cache's dtype {store_k.dtype}, "
-            f"got {key.dtype} and {value.dtype}"
-        )
-
-
 class PreallocatedKVCache:
     """A key/value cache with room for ``max_len`` positions, allocated once.
 
@@ -105,15 +68,16 @@ class PreallocatedKVCache:
 
         Shapes:
             key ``(B, Hkv, S_new, D)``, value ``(B, Hkv, S_new, Dv)``; returns views
-            ``(B, Hkv, S, D)`` and ``(B, Hkv, S, Dv)`` with ``S = len(self)``.
+            ``(B, Hkv, S, D)`` and ``(B, Hkv, S, Dv)`` with ``S = len(self)``. ``S_new = 0``
+            stores nothing and returns what the cache holds.
         """
-        _check_step(key, value)
+        validate.kv_step(key, value)
         B, Hkv, S_new, D = key.shape
         if self.length == 0 and not self._buffers_fit(key, value):  # first use, or new shapes
             self.key_buffer = key.new_empty(B, Hkv, self.max_len, D)  # (B, Hkv, max_len, D)
             self.value_buffer = value.new_empty(B, Hkv, self.max_len, value.shape[-1])
         assert self.key_buffer is not None and self.value_buffer is not None  # for mypy
-        _check_fits(key, value, self.key_buffer, self.value_buffer, "(B, Hkv)")
+        validate.kv_fits(key, value, self.key_buffer, self.value_buffer, "(B, Hkv)")
         start, end = self.length, self.length + S_new
         if end > self.max_len:
             raise ValueError(
@@ -189,8 +153,9 @@ class PagedKVCache:
 
     def slot(self, sequence: int, position: int) -> int:
         """The pool slot (``block * block_size + offset``) holding ``position`` of ``sequence``."""
-        if not 0 <= position < self.length:
-            raise ValueError(f"position must be in [0, {self.length}), got {position}")
+        n = len(self.block_table)
+        validate.index("sequence", sequence, n, f"the cache holds {n} sequences")
+        validate.index("position", position, self.length, f"{self.length} positions are stored")
         block = self.block_table[sequence][position // self.block_size]
         return block * self.block_size + position % self.block_size
 
@@ -198,25 +163,30 @@ class PagedKVCache:
         """Write this step's keys and values into the sequences' blocks; return all of them.
 
         Shapes:
-            key ``(B, Hkv, S_new, D)``, value ``(B, Hkv, S_new, Dv)``; returns the gathered
-            ``(B, Hkv, S, D)`` and ``(B, Hkv, S, Dv)`` with ``S = len(self)``.
+            key ``(B, Hkv, S_new, D)``, value ``(B, Hkv, S_new, Dv)`` with ``B >= 1``; returns the
+            gathered ``(B, Hkv, S, D)`` and ``(B, Hkv, S, Dv)`` with ``S = len(self)``.
+            ``S_new = 0`` stores nothing and returns what the cache holds.
         """
-        _check_step(key, value)
+        validate.kv_step(key, value)
         B, Hkv, S_new, D = key.shape
-        if self.key_pool is None or self.value_pool is None:
-            self._grow(key, value, 1)
-        assert self.key_pool is not None and self.value_pool is not None  # for mypy
-        _check_fits(key, value, self.key_pool, self.value_pool, "Hkv")
+        if B == 0:  # a block table has one row per sequence
+            raise ValueError(f"key must hold at least one sequence, got key {validate.shape(key)}")
+        if self.key_pool is not None and self.value_pool is not None:
+            validate.kv_fits(key, value, self.key_pool, self.value_pool, "Hkv")
         if self.block_table and len(self.block_table) != B:
             raise ValueError(
                 f"the cache holds {len(self.block_table)} sequences, got keys for {B}: "
                 f"key {validate.shape(key)}"
             )
+        if self.key_pool is None or self.value_pool is None:
+            self._grow(key, value, 1)
+        assert self.key_pool is not None and self.value_pool is not None  # for mypy
         self.block_table = self.block_table or [[] for _ in range(B)]
         start, end = self.length, self.length + S_new
         self._allocate(end, key, value)
         positions = torch.arange(start, end, device=key.device)  # (S_new,)
-        table = torch.tensor(self.block_table, device=key.device)  # (B, blocks per sequence)
+        # int64 even when no block is taken yet (zero new tokens): an empty table must still index
+        table = torch.tensor(self.block_table, dtype=torch.int64, device=key.device)  # (B, blocks)
         blocks = table[:, positions // self.block_size]  # (B, S_new) physical blocks
         offsets = positions % self.block_size  # (S_new,)
         # pool[block, :, offset] for every (sequence, new position): indices in dims 0 and 2
@@ -268,8 +238,10 @@ def merge_partials(out: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
 
     Shapes:
         out ``(splits, ..., L, Dv)``, lse ``(splits, ..., L)``; returns ``(..., L, Dv)`` and the
-        total ``(..., L)``. A split that saw no key has ``lse_i = -inf`` and weight 0.
+        total ``(..., L)``. A split that saw no key has ``lse_i = -inf`` and weight 0. lse is
+        out's dtype, or float32 for float16/bfloat16 outputs.
     """
+    validate.partials(out, lse)
     total = torch.logsumexp(lse, dim=0)  # (..., L)
     safe = torch.where(torch.isneginf(total), 0.0, total)  # a row with no key at all: weights 0
     weights = torch.exp(lse - safe).unsqueeze(-1)  # (splits, ..., L, 1)
@@ -306,11 +278,11 @@ def flash_decoding(
     _, scale = check_arguments(query, key, value, None, False, scale, enable_gqa)
     num_splits = validate.positive_int("num_splits", num_splits)
     S = key.shape[-2]
-    if S == 0:
-        raise ValueError(f"key must hold at least one position, got key {validate.shape(key)}")
     compute = torch.float32 if query.dtype in validate.LOW_PRECISION else query.dtype
     q, k, v = (t.to(compute) for t in (query, key, value))
-    chunk = math.ceil(S / num_splits)  # keys per split; the last split may be shorter
+    # Keys per split; the last split may be shorter. With no key at all (S = 0) one empty split
+    # gives zeros and lse = -inf, the zeros torch's SDPA returns for S = 0.
+    chunk = max(1, math.ceil(S / num_splits))
     partials = [
         flash_attention(
             q,
@@ -320,7 +292,7 @@ def flash_decoding(
             enable_gqa=enable_gqa,
             return_lse=True,
         )  # (..., L, Dv), (..., L)
-        for i in range(0, S, chunk)
+        for i in range(0, max(S, 1), chunk)
     ]
     outs, lses = zip(*partials)
     out, _ = merge_partials(torch.stack(outs), torch.stack(lses))  # (..., L, Dv)

@@ -122,7 +122,9 @@ def tile_schedule(
     Shapes:
         attn_mask broadcasts to ``(..., L, S)``.
     """
+    L, S = validate.non_negative_int("L", L), validate.non_negative_int("S", S)
     block_size = validate.positive_int("block_size", block_size)
+    validate.flag("is_causal", is_causal)
     n_blocks = math.ceil(L / block_size)
     # one transfer to the host, not one per tile
     visible = None if attn_mask is None else visible_blocks(attn_mask, L, S, block_size).tolist()
@@ -223,6 +225,7 @@ def flash_attention(
     """
     groups, scale = check_arguments(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     block_size = validate.positive_int("block_size", block_size)
+    validate.flag("return_lse", return_lse)
     if attn_mask is not None and attn_mask.requires_grad:
         raise ValueError(
             "flash_attention does not compute a gradient for attn_mask; pass attn_mask.detach() "
@@ -319,7 +322,8 @@ def flash_attention_forward(
 
     out = acc / torch.where(l == 0, 1.0, l)  # rows that saw no key stay 0
     lse = torch.where(l == 0, float("-inf"), m + l.log())  # (..., L, 1)
-    return out.reshape(*batch, L, -1).to(dtype), lse.reshape(*batch, L)
+    # Dv named, not -1: with L = 0 the empty tensor could have any last dim
+    return out.reshape(*batch, L, value.shape[-1]).to(dtype), lse.reshape(*batch, L)
 
 
 def _future(block_size: int, device: torch.device) -> Tensor:

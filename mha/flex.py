@@ -42,6 +42,8 @@ def sliding_window(window: int | Tensor) -> MaskMod:
     """
     if isinstance(window, Tensor):
         validate.integer_tensor("window", window, ndim=0)
+        if int(window) <= 0:  # checked now; a value written in place later is the caller's
+            raise ValueError(f"window must be positive, got {int(window)}")
     else:
         validate.positive_int("window", window)
 
@@ -59,6 +61,8 @@ def padding(lengths: Tensor) -> MaskMod:
         lengths: ``(B,)``, the number of real tokens of each sequence.
     """
     validate.integer_tensor("lengths", lengths, ndim=1)
+    if lengths.numel() and int(lengths.min()) < 0:
+        raise ValueError(f"lengths must be >= 0, got a minimum of {int(lengths.min())}")
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return kv_idx < lengths[b]
@@ -101,13 +105,27 @@ def block_pattern(pattern: Tensor, block_size: int) -> MaskMod:
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
-    """ALiBi's slope of each head, ``m_h = 2^(-8h/H)`` for ``h = 1..H``.
+    """ALiBi's slope of each head, as in the ALiBi paper's code and BLOOM.
+
+    For a power of two ``H`` the slopes are the geometric sequence ``m_h = 2^(-8h/H)`` for
+    ``h = 1..H``: from ``2^(-8/H)`` down to ``2^-8``. For other ``H`` (BLOOM has 112 heads) the
+    reference code of the ALiBi paper (Press et al., 2022), and BLOOM after it, keeps the sequence
+    of the nearest lower power of two ``n = 2^floor(log2 H)``, ``2^(-8i/n)`` for ``i = 1..n``, and
+    takes the ``H - n`` slopes still missing from the sequence for ``2n``, ``2^(-8i/(2n))``, at its
+    odd ``i = 1, 3, 5, …`` (the values that fall between the first ``n``), appended after them.
+    ``2^(-8h/H)`` would be a different set of slopes from the one those models were trained with.
 
     Shapes:
         returns ``(H,)`` float32.
     """
     H = validate.positive_int("num_heads", num_heads)
-    return 2.0 ** (-8.0 * torch.arange(1, H + 1, dtype=torch.float32) / H)
+    n = 1 << (H.bit_length() - 1)  # 2^floor(log2 H), the largest power of two <= H
+    slopes = 2.0 ** (-8.0 * torch.arange(1, n + 1, dtype=torch.float32) / n)  # (n,)
+    if n == H:
+        return slopes
+    odd = torch.arange(1, 2 * (H - n), 2, dtype=torch.float32)  # (H - n,) i = 1, 3, 5, ...
+    extra = 2.0 ** (-8.0 * odd / (2 * n))  # (H - n,) from the sequence for 2n
+    return torch.cat([slopes, extra])  # (H,)
 
 
 def alibi(slopes: Tensor) -> ScoreMod:

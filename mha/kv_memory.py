@@ -51,6 +51,8 @@ class AttentionConfig:
     qk_rope_head_dim: int = 0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise TypeError(f"name must be a str, got {type(self.name).__name__}")
         for field in ("num_layers", "num_heads", "num_kv_heads", "head_dim"):
             validate.positive_int(field, getattr(self, field))
         if self.num_heads % self.num_kv_heads:

@@ -31,14 +31,20 @@ __all__ = ["elu_feature_map", "linear_attention", "linear_attention_weights"]
 
 def elu_feature_map(x: Tensor) -> Tensor:
     """``φ(x) = elu(x) + 1``: positive for every input, close to ``x + 1`` for ``x ≥ 0``."""
-    return F.elu(x) + 1.0
+    validate.tensor("x", x, floating=True)
+    return _phi(x)
+
+
+def _phi(x: Tensor) -> Tensor:
+    """:func:`elu_feature_map` on an already checked tensor (linear attention's own calls)."""
+    return F.elu(x) + 1.0  # (..., D)
 
 
 def _features(query: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:
     """φ(query), φ(key) in float32 for 16-bit inputs (the sums are statistics, as in a softmax)."""
     if query.dtype in validate.LOW_PRECISION:
         query, key = query.float(), key.float()
-    return elu_feature_map(query), elu_feature_map(key)
+    return _phi(query), _phi(key)
 
 
 def linear_attention(query: Tensor, key: Tensor, value: Tensor) -> Tensor:

@@ -54,7 +54,11 @@ class LatentCache:
         return 0 if self.latent is None else self.latent.numel() * self.latent.element_size()
 
     def update(self, c: Tensor) -> Tensor:
-        """Append this step's latents ``(B, S_new, C)``; return all ``(B, S_old + S_new, C)``."""
+        """Append this step's latents ``(B, S_new, C)``; return all ``(B, S_old + S_new, C)``.
+
+        ``S_new = 0`` adds nothing and returns what the cache holds.
+        """
+        validate.tensor("c", c, floating=True, ndim=3, layout="(B, S_new, C)")
         if self.latent is None:
             self.latent = c
         else:
@@ -62,6 +66,16 @@ class LatentCache:
                 raise ValueError(
                     f"new latents {validate.shape(c)} do not match the cached latents "
                     f"{validate.shape(self.latent)} (batch and latent dim must agree)"
+                )
+            if c.dtype != self.latent.dtype:
+                raise TypeError(
+                    f"new latents must have the cached latents' dtype {self.latent.dtype}, "
+                    f"got {c.dtype}"
+                )
+            if c.device != self.latent.device:
+                raise ValueError(
+                    f"new latents must be on the cached latents' device {self.latent.device}, "
+                    f"got {c.device}"
                 )
             self.latent = torch.cat([self.latent, c], dim=1)  # (B, S_old + S_new, C)
         return self.latent
@@ -108,6 +122,7 @@ class MultiHeadLatentAttention(nn.Module):
             head_dim = E // H
         D = validate.positive_int("head_dim", head_dim)
         validate.flag("bias", bias)
+        validate.floating_dtype("dtype", dtype)
         self.embed_dim, self.num_heads, self.kv_latent_dim, self.head_dim = E, H, C, D
         factory = {"device": device, "dtype": dtype}
         self.q_proj = nn.Linear(E, H * D, bias=bias, **factory)  # W_Q
@@ -122,8 +137,18 @@ class MultiHeadLatentAttention(nn.Module):
             f"kv_latent_dim={self.kv_latent_dim}, head_dim={self.head_dim}"
         )
 
+    def _check_x(self, x: Tensor) -> None:
+        """``x`` ``(B, L, E)`` of the parameters' dtype and device (else nn.Linear raises deep)."""
+        validate.tensor("x", x, floating=True, ndim=3, layout="(B, L, E)")
+        if x.shape[-1] != self.embed_dim:
+            raise ValueError(
+                f"x must have width {self.embed_dim} (embed_dim), got shape {validate.shape(x)}"
+            )
+        validate.matches_parameters("x", x, self.kv_down.weight)
+
     def compress(self, x: Tensor) -> Tensor:
         """The latents of ``x``: ``(B, S, E) -> (B, S, C)``; what a cache stores."""
+        self._check_x(x)
         return self.kv_down(x)  # (B, S, C)
 
     def forward(
@@ -147,11 +172,7 @@ class MultiHeadLatentAttention(nn.Module):
         Shapes:
             x ``(B, L, E)`` -> ``(B, L, E)``.
         """
-        validate.tensor("x", x, floating=True, ndim=3, layout="(B, L, E)")
-        if x.shape[-1] != self.embed_dim:
-            raise ValueError(
-                f"x must have width {self.embed_dim} (embed_dim), got shape {validate.shape(x)}"
-            )
+        self._check_x(x)
         validate.flag("is_causal", is_causal)
         validate.flag("absorbed", absorbed)
         if cache is not None and not isinstance(cache, LatentCache):
@@ -159,13 +180,13 @@ class MultiHeadLatentAttention(nn.Module):
         B, L, _ = x.shape
         H, D = self.num_heads, self.head_dim
         q = self.q_proj(x).view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
-        c = self.compress(x)  # (B, L, C)
+        c = self.kv_down(x)  # (B, L, C): what compress(x) gives; x is checked above
         mask = None
         if cache is not None:
             c = cache.update(c)  # (B, S, C), S = cached + L
-            if is_causal:  # the new queries are the last L positions
+            if is_causal and L:  # the new queries are the last L positions (none: nothing to hide)
                 mask = causal_mask_bottom_right(L, c.shape[1], device=x.device)  # (L, S)
-                is_causal = False
+            is_causal = False
         attend = self._attend_absorbed if absorbed else self._attend_materialised
         out = attend(q, c, mask, is_causal)  # (B, H, L, D)
         out = out.transpose(1, 2).reshape(B, L, H * D)  # concat heads -> (B, L, H·D)

@@ -74,16 +74,14 @@ class KVCache:
 
         Shapes:
             key ``(B, Hkv, S_new, D)``, value ``(B, Hkv, S_new, Dv)``; returns
-            ``(B, Hkv, S_old + S_new, D)`` and ``(B, Hkv, S_old + S_new, Dv)``.
+            ``(B, Hkv, S_old + S_new, D)`` and ``(B, Hkv, S_old + S_new, Dv)``. ``S_new = 0``
+            adds nothing and returns what the cache holds.
         """
+        validate.kv_step(key, value)
         if self.key is None or self.value is None:
             self.key, self.value = key, value
         else:
-            if key.shape[:2] != self.key.shape[:2] or key.shape[-1] != self.key.shape[-1]:
-                raise ValueError(
-                    f"new keys {tuple(key.shape)} do not match the cached keys {tuple(self.key.shape)} "
-                    "(batch, heads and head dim must agree)"
-                )
+            validate.kv_fits(key, value, self.key, self.value, "(B, Hkv)")
             self.key = torch.cat([self.key, key], dim=-2)  # (B, Hkv, S_old + S_new, D)
             self.value = torch.cat([self.value, value], dim=-2)  # (B, Hkv, S_old + S_new, Dv)
         return self.key, self.value
@@ -152,6 +150,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(
                 f"num_heads ({num_heads}) must be divisible by num_kv_heads ({num_kv_heads})"
             )
+        validate.flag("bias", bias)
+        validate.floating_dtype("dtype", dtype)
         kdim = embed_dim if kdim is None else validate.positive_int("kdim", kdim)
         vdim = embed_dim if vdim is None else validate.positive_int("vdim", vdim)
         dropout = validate.probability("dropout", dropout)
@@ -186,14 +186,27 @@ class MultiHeadAttention(nn.Module):
         )
 
     def _check_inputs(
-        self, query: Tensor, key: Tensor, value: Tensor, *, is_causal: bool, need_weights: bool
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attn_mask: Tensor | None,
+        is_causal: bool,
+        need_weights: bool,
+        kv_cache: KVCacheProtocol | None,
     ) -> None:
+        """Every argument of :meth:`forward`, checked once, before any work is done."""
         validate.flag("is_causal", is_causal)
         validate.flag("need_weights", need_weights)
-        for name, t, width in (
-            ("query", query, self.embed_dim),
-            ("key", key, self.kdim),
-            ("value", value, self.vdim),
+        if kv_cache is not None and not isinstance(kv_cache, KVCacheProtocol):
+            raise TypeError(
+                "kv_cache must be a cache with update, __len__, nbytes and reset (e.g. "
+                f"mha.KVCache()), got {type(kv_cache).__name__}"
+            )
+        for name, t, width, proj in (
+            ("query", query, self.embed_dim, self.q_proj),
+            ("key", key, self.kdim, self.k_proj),
+            ("value", value, self.vdim, self.v_proj),
         ):
             validate.tensor(name, t, floating=True)
             if t.dim() != 3:
@@ -205,6 +218,7 @@ class MultiHeadAttention(nn.Module):
                     f"{name} must have width {width} ({'embed_dim' if name == 'query' else name[0] + 'dim'}), "
                     f"got shape {tuple(t.shape)}"
                 )
+            validate.matches_parameters(name, t, proj.weight)
         if not (query.shape[0] == key.shape[0] == value.shape[0]):
             raise ValueError(
                 f"query, key and value must have the same batch size, got query {tuple(query.shape)}, "
@@ -214,6 +228,9 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(
                 f"key and value must have the same length S, got key {tuple(key.shape)} and value {tuple(value.shape)}"
             )
+        if attn_mask is not None:  # with a cache, the scores also cover the cached keys
+            S = key.shape[1] + (0 if kv_cache is None else len(kv_cache))
+            validate.attn_mask(attn_mask, (query.shape[0], self.num_heads, query.shape[1], S))
 
     def forward(
         self,
@@ -238,7 +255,7 @@ class MultiHeadAttention(nn.Module):
         """
         key = query if key is None else key
         value = key if value is None else value
-        self._check_inputs(query, key, value, is_causal=is_causal, need_weights=need_weights)
+        self._check_inputs(query, key, value, attn_mask, is_causal, need_weights, kv_cache)
         q, k, v = self._project(query, key, value)  # (B, H, L, D), (B, Hkv, S, D), (B, Hkv, S, D)
         q, k = self._rotate(q, k, kv_cache)  # RoPE, if on: positions go on after the cache
         if kv_cache is not None:
@@ -277,15 +294,11 @@ class MultiHeadAttention(nn.Module):
             q ``(B, H, L, D)``, k and v ``(B, Hkv, S_new, D)``; returns k and v
             ``(B, Hkv, S, D)`` with ``S = S_cached + S_new``, and the mask and flag to use.
         """
-        if not isinstance(kv_cache, KVCacheProtocol):
-            raise TypeError(
-                "kv_cache must be a cache with update, __len__, nbytes and reset (e.g. "
-                f"mha.KVCache()), got {type(kv_cache).__name__}"
-            )
         k, v = kv_cache.update(k, v)  # (B, Hkv, S_cached + S_new, D)
-        if is_causal:
+        if is_causal and q.shape[-2]:  # (no query, L = 0: nothing to hide)
             keep = causal_mask_bottom_right(q.shape[-2], k.shape[-2], device=q.device)  # (L, S)
-            attn_mask, is_causal = self._and_mask(attn_mask, keep, q, k), False
+            attn_mask = self._and_mask(attn_mask, keep)
+        is_causal = False  # the bottom-right mask replaces the top-left flag
         return k, v, attn_mask, is_causal
 
     def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -350,9 +363,7 @@ class MultiHeadAttention(nn.Module):
             q ``(B, H, L, D)``, k and v ``(B, Hkv, S, D)``, attn_mask broadcasting to
             ``(B, H, L, S)``; returns out ``(B, H, L, D)`` and weights ``(B, H, L, S)`` or ``None``.
         """
-        (B, H, L, _), S = q.shape, k.shape[-2]
-        if attn_mask is not None:
-            validate.attn_mask(attn_mask, (B, H, L, S))
+        (_, H, L, _), S = q.shape, k.shape[-2]
         gqa = H != self.num_kv_heads
         dropout_p = self.dropout if self.training else 0.0
         if need_weights or self.backend == "math":  # only the math path has the weights
@@ -362,10 +373,9 @@ class MultiHeadAttention(nn.Module):
             return out, (weights if need_weights else None)
         if self.backend == "sdpa":
             if is_causal and attn_mask is not None:  # torch takes one or the other, not both
-                attn_mask, is_causal = (
-                    self._and_mask(attn_mask, causal_mask(L, S, device=q.device), q, k),
-                    False,
-                )
+                if L and S:  # (with L or S = 0 there is no score to hide)
+                    attn_mask = self._and_mask(attn_mask, causal_mask(L, S, device=q.device))
+                is_causal = False
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask, dropout_p, is_causal, enable_gqa=gqa
             ), None
@@ -390,11 +400,11 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(out)  # (B, L, E)
 
     @staticmethod
-    def _and_mask(attn_mask: Tensor | None, keep: Tensor, q: Tensor, k: Tensor) -> Tensor:
-        """Combine a user mask (bool keep-mask or float bias) with a bool keep-mask ``(L, S)``."""
+    def _and_mask(attn_mask: Tensor | None, keep: Tensor) -> Tensor:
+        """Combine a user mask (bool keep-mask or float bias, checked by :meth:`forward`) with a
+        bool keep-mask ``(L, S)``."""
         if attn_mask is None:
             return keep
-        validate.attn_mask(attn_mask, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
         if attn_mask.dtype == torch.bool:
             return attn_mask & keep
         return attn_mask.masked_fill(~keep, float("-inf"))

@@ -36,6 +36,7 @@ def rope_frequencies(
     if head_dim % 2:
         raise ValueError(f"head_dim must be even (RoPE rotates pairs), got {head_dim}")
     base = validate.positive_float("base", base)
+    validate.floating_dtype("dtype", dtype)
     i = torch.arange(0, head_dim, 2, dtype=dtype, device=device)  # (D/2,) = 2i
     return base ** (-i / head_dim)  # (D/2,)
 
@@ -43,12 +44,11 @@ def rope_frequencies(
 def _positions(positions: int | Tensor | None, x: Tensor) -> Tensor:
     """The integer position of every row of ``x``: ``(L,)`` or broadcasting to ``(..., L)``."""
     L = x.shape[-2]
-    if positions is None or isinstance(positions, int) and not isinstance(positions, bool):
-        start = 0 if positions is None else positions
-        if start < 0:
-            raise ValueError(f"positions (an offset) must be >= 0, got {start}")
-        return torch.arange(start, start + L, device=x.device)  # (L,)
-    pos = validate.positions("positions", positions, validate.shape(x)[:-1])
+    pos = validate.positions(
+        "positions", 0 if positions is None else positions, validate.shape(x)[:-1]
+    )
+    if isinstance(pos, int):  # an offset: the rows are pos, pos + 1, ...
+        return torch.arange(pos, pos + L, device=x.device)  # (L,)
     return pos.to(x.device)
 
 
@@ -61,7 +61,8 @@ def apply_rope(
         x: queries or keys, heads already split; the last dim ``D`` must be even.
         positions: the position of each row: ``None`` for ``0 … L-1``; an int offset ``p0`` for
             ``p0 … p0+L-1`` (decoding after ``p0`` cached tokens); or an integer tensor ``(L,)``
-            or broadcasting to ``x.shape[:-1]`` (e.g. ``(B, 1, L)`` for ``(B, H, L, D)``).
+            or broadcasting to ``x.shape[:-1]`` (e.g. ``(B, 1, L)`` for ``(B, H, L, D)``). No
+            position may be negative, and a float is an error rather than truncated.
         base: sets the slowest speed, ``θ_{D/2-1} ≈ 1/base``.
 
     Shapes:

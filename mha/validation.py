@@ -207,15 +207,149 @@ def _broadcasts(small: tuple[int, ...], target: tuple[int, ...]) -> bool:
     )
 
 
-def positions(name: str, value: Any, target: tuple[int, ...]) -> Tensor:
-    """An integer tensor of token positions, ``(L,)`` or broadcasting to ``target`` ``(..., L)``.
+def positions(name: str, value: Any, target: tuple[int, ...]) -> int | Tensor:
+    """Token positions: an ``int`` offset ``p0`` (positions ``p0 … p0+L-1``) or an integer tensor.
 
-    Like :func:`attn_mask`, it may have fewer dims and size-1 dims but never grow ``target``.
+    A tensor must be ``(L,)`` or broadcast to ``target`` ``(..., L)`` (like :func:`attn_mask`, it
+    may have fewer dims and size-1 dims but never grow ``target``). Positions count tokens, so
+    none may be negative; a float is refused rather than truncated.
     """
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError(f"{name} (an offset) must be >= 0, got {value}")
+        return value
+    if not isinstance(value, Tensor):
+        raise TypeError(
+            f"{name} must be an int offset or an integer tensor, "
+            f"got {type(value).__name__} ({value!r})"
+        )
     integer_tensor(name, value)
     p = shape(value)
     if not (0 < len(p) and p[-1] == target[-1] and _broadcasts(p, target)):
         raise ValueError(
             f"{name} of shape {p} must be (L,) or broadcast to {tuple(target)} (..., L)"
         )
+    if value.numel() and int(value.min()) < 0:
+        raise ValueError(f"{name} must be >= 0, got a minimum of {int(value.min())}")
     return value
+
+
+def index(name: str, value: Any, size: int, what: str) -> int:
+    """An ``int`` index into ``size`` items, in ``[0, size)``: a negative one is an error here,
+    not Python's count from the end (which would silently read another sequence's data).
+
+    ``what`` says in the message where ``size`` comes from, e.g. ``"the cache holds 2 sequences"``.
+    """
+    _number(name, value, int, "an int")
+    if not 0 <= value < size:
+        raise ValueError(f"{name} must be in [0, {size}), got {value} ({what})")
+    return value
+
+
+def floating_dtype(name: str, value: Any) -> torch.dtype | None:
+    """``None`` (torch's default) or a floating ``torch.dtype``."""
+    if value is None:
+        return None
+    if not isinstance(value, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype or None, got {type(value).__name__}")
+    if not value.is_floating_point:
+        raise TypeError(f"{name} must be a floating dtype, got {value}")
+    return value
+
+
+def matches_parameters(name: str, value: Tensor, weight: Tensor) -> Tensor:
+    """An input a module's ``nn.Linear`` can take: the dtype and device of its parameters.
+
+    Without this check a float64 input to a float32 module fails deep inside ``F.linear`` with
+    a ``RuntimeError`` that names neither the argument nor the module. Under autocast the
+    layers cast their inputs themselves, so the dtype may differ there.
+    """
+    if value.dtype != weight.dtype and not torch.is_autocast_enabled(value.device.type):
+        raise TypeError(
+            f"{name} has dtype {value.dtype} but the module's parameters are {weight.dtype}; "
+            f"convert one of them (e.g. {name}.to({weight.dtype}) or module.to({value.dtype}))"
+        )
+    if value.device != weight.device:
+        raise ValueError(
+            f"{name} is on {value.device} but the module's parameters are on {weight.device}"
+        )
+    return value
+
+
+def kv_step(key: Any, value: Any) -> None:
+    """The keys and values of one cache update: ``(B, Hkv, S_new, D)`` and ``(B, Hkv, S_new, Dv)``."""
+    tensor("key", key, floating=True, ndim=4, layout="(B, Hkv, S_new, D)")
+    tensor("value", value, floating=True, ndim=4, layout="(B, Hkv, S_new, Dv)")
+    if key.shape[:3] != value.shape[:3]:
+        raise ValueError(
+            f"key and value must agree in (B, Hkv, S_new), got key {shape(key)} "
+            f"and value {shape(value)}"
+        )
+    if key.device != value.device:
+        raise ValueError(
+            f"key and value must be on one device, got {key.device} and {value.device}"
+        )
+
+
+def kv_fits(key: Tensor, value: Tensor, store_k: Tensor, store_v: Tensor, dims: str) -> None:
+    """A cache update must match the stored keys/values in ``dims`` and the head dims, and
+    in dtype and device (``torch.cat`` or a write would otherwise promote or fail deep inside).
+
+    ``dims`` is ``"(B, Hkv)"`` for a cache laid out like the keys, ``"Hkv"`` for a block pool.
+    """
+    lead = (
+        (key.shape[:2], store_k.shape[:2])
+        if dims == "(B, Hkv)"
+        else (key.shape[1], store_k.shape[1])
+    )
+    if lead[0] != lead[1] or (key.shape[-1], value.shape[-1]) != (
+        store_k.shape[-1],
+        store_v.shape[-1],
+    ):
+        raise ValueError(
+            f"new keys {shape(key)} and values {shape(value)} do not match the cached keys "
+            f"{shape(store_k)} and values {shape(store_v)} ({dims} and the head dims must agree)"
+        )
+    if key.dtype != store_k.dtype or value.dtype != store_v.dtype:
+        raise TypeError(
+            f"new keys and values must have the cache's dtype {store_k.dtype} and "
+            f"{store_v.dtype}, got {key.dtype} and {value.dtype}"
+        )
+    if key.device != store_k.device:
+        raise ValueError(
+            f"new keys must be on the cache's device {store_k.device}, got {key.device}"
+        )
+
+
+def partials(out: Any, lse: Any) -> None:
+    """Partial attention outputs and their logsumexps, one per split of the keys.
+
+    Shapes:
+        out ``(splits, ..., L, Dv)``, lse ``(splits, ..., L)``: exactly ``out.shape[:-1]``, since
+        a broadcast lse (e.g. one split, or one row) would weigh the wrong partials. lse holds
+        softmax statistics, so it is out's dtype, or float32 for float16/bfloat16 outputs
+        (what :func:`mha.flash_attention` returns with ``return_lse=True``).
+    """
+    tensor("out", out, floating=True)
+    tensor("lse", lse, floating=True)
+    if out.dim() < 3:
+        raise ValueError(
+            f"out must have at least 3 dims (splits, ..., L, Dv), got shape {shape(out)}"
+        )
+    if lse.dim() >= 1 and lse.shape[0] != out.shape[0]:
+        raise ValueError(
+            f"out and lse must have the same number of splits (dim 0), got out {shape(out)} "
+            f"and lse {shape(lse)}"
+        )
+    if shape(lse) != shape(out)[:-1]:
+        raise ValueError(
+            f"lse must have out's shape without its last dim (splits, ..., L) = "
+            f"{shape(out)[:-1]}, got out {shape(out)} and lse {shape(lse)}"
+        )
+    expected = torch.float32 if out.dtype in LOW_PRECISION else out.dtype
+    if lse.dtype != expected:
+        raise TypeError(
+            f"lse must have dtype {expected} for out of dtype {out.dtype}, got {lse.dtype}"
+        )
+    if out.device != lse.device:
+        raise ValueError(f"out and lse must be on one device, got {out.device} and {lse.device}")

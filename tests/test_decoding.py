@@ -189,5 +189,73 @@ def test_flash_decoding_errors(kwargs, error, match):
 def test_flash_decoding_shape_errors():
     with pytest.raises(ValueError, match=r"same head dim, got query \(1, 2, 1, 8\) and key"):
         mha.flash_decoding(randn(1, 2, 1, 8), randn(1, 2, 3, 9), randn(1, 2, 3, 9))
-    with pytest.raises(ValueError, match=r"at least one position, got key \(1, 2, 0, 8\)"):
-        mha.flash_decoding(randn(1, 2, 1, 8), randn(1, 2, 0, 8), randn(1, 2, 0, 8))
+
+
+# --- zero lengths -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize(("L", "S"), [(0, 5), (1, 0), (3, 0), (0, 0)])
+def test_flash_decoding_zero_lengths_match_torch(L, S, groups, num_splits):
+    """L = 0: an empty output; S = 0: zeros, what torch's SDPA returns (no key to attend to)."""
+    q = randn(2, 4, L, 8, seed=1)
+    k, v = randn(2, 4 // groups, S, 8, seed=2), randn(2, 4 // groups, S, 6, seed=3)
+    want = F.scaled_dot_product_attention(q, k, v, enable_gqa=groups > 1)
+    got = mha.flash_decoding(q, k, v, num_splits=num_splits, enable_gqa=groups > 1)
+    assert got.shape == want.shape == (2, 4, L, 6)
+    assert_close(got, want, rtol=0, atol=0)
+
+
+def test_merge_partials_takes_float32_statistics_of_low_precision_outputs():
+    q, k, v = (randn(1, 2, n, 8, seed=s).half() for s, n in ((1, 3), (2, 10), (3, 10)))
+    parts = [
+        mha.flash_attention(q, k[..., p, :], v[..., p, :], return_lse=True)
+        for p in (slice(0, 4), slice(4, 10))
+    ]  # (out float16, lse float32) each
+    outs, lses = (torch.stack(t) for t in zip(*parts))
+    out, _ = mha.merge_partials(outs, lses)
+    assert_close(out.half(), mha.flash_attention(q, k, v), atol=1e-3, rtol=1e-3)
+
+
+ALL_CACHES = {"kv": mha.KVCache, **CACHES}
+
+
+@pytest.mark.parametrize("make", ALL_CACHES.values(), ids=ALL_CACHES.keys())
+def test_zero_new_tokens_are_a_no_op_update(make):
+    cache = make()
+    k, v = randn(2, 3, 5, 8, seed=1), randn(2, 3, 5, 6, seed=2)
+    keys, values = cache.update(k[:, :, :0], v[:, :, :0])  # a first update with no token
+    assert keys.shape == (2, 3, 0, 8) and values.shape == (2, 3, 0, 6) and len(cache) == 0
+    cache.update(k[:, :, :3], v[:, :, :3])
+    keys, values = cache.update(k[:, :, 3:3], v[:, :, 3:3])  # none in the middle
+    assert len(cache) == 3
+    assert_close(keys, k[:, :, :3], rtol=0, atol=0)
+    assert_close(values, v[:, :, :3], rtol=0, atol=0)
+    keys, values = cache.update(k[:, :, 3:], v[:, :, 3:])
+    assert_close(keys, k, rtol=0, atol=0)
+    assert_close(values, v, rtol=0, atol=0)
+
+
+def test_latent_cache_zero_new_tokens():
+    cache, c = mha.LatentCache(), randn(2, 4, 16, seed=1)
+    assert cache.update(c[:, :0]).shape == (2, 0, 16) and len(cache) == 0
+    cache.update(c[:, :3])
+    assert_close(cache.update(c[:, 3:3]), c[:, :3], rtol=0, atol=0)
+    assert_close(cache.update(c[:, 3:]), c, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa", "flash"])
+@pytest.mark.parametrize("make", ALL_CACHES.values(), ids=ALL_CACHES.keys())
+def test_module_step_with_no_token_keeps_decoding_exact(make, backend):
+    layer = mha.MultiHeadAttention(32, 4, num_kv_heads=2, rope=True, backend=backend)
+    layer = layer.to(torch.float64).eval()
+    x = randn(2, 6, 32, seed=3)
+    cache = make()
+    with torch.no_grad():
+        first = layer(x[:, :0], is_causal=True, kv_cache=cache)[0]  # nothing yet, nothing new
+        assert first.shape == (2, 0, 32) and len(cache) == 0
+        head = layer(x[:, :4], is_causal=True, kv_cache=cache)[0]
+        assert layer(x[:, 4:4], is_causal=True, kv_cache=cache)[0].shape == (2, 0, 32)
+        tail = layer(x[:, 4:], is_causal=True, kv_cache=cache)[0]
+        assert_close(torch.cat([head, tail], 1), layer(x, is_causal=True)[0])

@@ -141,3 +141,65 @@ def test_schedule_runs_query_steps_outer_and_covers_every_kept_pair(L, S, block,
             q, k, v, attn_mask=keep & (mha.causal_mask(L, S) if is_causal else True)
         ),
     )
+
+
+# --- zero lengths: what torch's SDPA does ----------------------------------------------------
+# L = 0 gives an empty output (..., 0, Dv); S = 0 gives zeros (..., L, Dv), as every row sees no
+# key (torch's SDPA returns zeros there too, with zero gradients for the queries).
+
+ZERO_LENGTHS = [(0, 5), (4, 0), (0, 0)]
+ZERO_OPTIONS = [{}, {"is_causal": True}, {"mask": True}, {"enable_gqa": True}]
+
+
+def zero_length_case(L, S, options):
+    q = randn(2, 4, L, 8, seed=1).requires_grad_()
+    Hkv = 2 if options.get("enable_gqa") else 4
+    k = randn(2, Hkv, S, 8, seed=2).requires_grad_()
+    v = randn(2, Hkv, S, 6, seed=3).requires_grad_()
+    kwargs = {key: value for key, value in options.items() if key != "mask"}
+    if options.get("mask"):
+        kwargs["attn_mask"] = torch.ones(L, S, dtype=torch.bool)
+    return (q, k, v), kwargs
+
+
+@pytest.mark.parametrize("fn", [mha.scaled_dot_product_attention, mha.flash_attention])
+@pytest.mark.parametrize("options", ZERO_OPTIONS, ids=lambda o: ",".join(o) or "plain")
+@pytest.mark.parametrize("L,S", ZERO_LENGTHS)
+def test_zero_lengths_match_torch_forward_and_backward(fn, L, S, options):
+    inputs, kwargs = zero_length_case(L, S, options)
+    want = F.scaled_dot_product_attention(*inputs, **kwargs)
+    got = fn(*inputs, **kwargs)
+    assert got.shape == want.shape == (2, 4, L, 6)
+    assert_close(got, want, rtol=0, atol=0)
+    grad = randn(*want.shape, seed=4)
+    for ours, theirs in zip(
+        torch.autograd.grad(got, inputs, grad), torch.autograd.grad(want, inputs, grad)
+    ):
+        assert ours.shape == theirs.shape
+        assert_close(ours, theirs, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("L,S", ZERO_LENGTHS)
+def test_zero_lengths_return_lse(L, S):
+    (q, k, v), _ = zero_length_case(L, S, {})
+    out, lse = mha.flash_attention(q.detach(), k.detach(), v.detach(), return_lse=True)
+    assert out.shape == (2, 4, L, 6) and lse.shape == (2, 4, L)
+    assert torch.isneginf(lse).all()  # no row sees a key (or there is no row)
+    assert not out.isnan().any()
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa", "flash"])
+@pytest.mark.parametrize("L,S", ZERO_LENGTHS)
+def test_module_with_zero_lengths_matches_torch(backend, L, S):
+    torch.manual_seed(0)
+    ref = torch.nn.MultiheadAttention(16, 4, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():
+        ref.out_proj.bias.normal_()  # S = 0: the output is out_proj's bias alone
+    ours = mha.MultiHeadAttention.from_torch(ref, backend=backend)
+    x, y = randn(2, L, 16, seed=1), randn(2, S, 16, seed=2)
+    with torch.no_grad():
+        got, _ = ours(x, y, y)
+        assert_close(got, ref(x, y, y, need_weights=False)[0])
+        assert got.shape == (2, L, 16)
+        if L == S:  # self-attention, causal too
+            assert_close(ours(x, is_causal=True)[0], ref(x, x, x, need_weights=False)[0])

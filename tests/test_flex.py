@@ -82,6 +82,46 @@ def test_alibi_slopes_and_bias():
     assert_close(got, mha.flash_attention(q, k, v, attn_mask=bias, block_size=4))
 
 
+def alibi_reference(H: int) -> list[float]:
+    """ALiBi's slopes as the paper's code computes them, written out with plain Python floats.
+
+    For a power of two, a geometric sequence starting at 2**(-8/H) with that ratio; otherwise
+    the sequence of the largest power of two p <= H, then every other slope (the 1st, 3rd, ...)
+    of the sequence for 2p, until there are H.
+    """
+
+    def geometric(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start**k for k in range(1, n + 1)]
+
+    p = 1
+    while 2 * p <= H:
+        p *= 2
+    return geometric(p) + geometric(2 * p)[0::2][: H - p]
+
+
+@pytest.mark.parametrize("H", range(1, 131))
+def test_alibi_slopes_follow_the_reference_for_every_head_count(H):
+    got = flex.alibi_slopes(H)
+    assert got.shape == (H,) and got.dtype == torch.float32
+    assert_close(got.double(), torch.tensor(alibi_reference(H), dtype=torch.float64))
+    if H & (H - 1) == 0:  # a power of two: the plain formula, bit for bit as before
+        assert torch.equal(got, 2.0 ** (-8.0 * torch.arange(1, H + 1, dtype=torch.float32) / H))
+
+
+def test_alibi_slopes_by_hand():
+    # H = 12: n = 8 gives 2^-1 ... 2^-8, then 2^(-8i/16) for i = 1, 3, 5, 7
+    twelve = [2.0**-k for k in range(1, 9)] + [2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5]
+    assert_close(flex.alibi_slopes(12), torch.tensor(twelve))
+    # BLOOM's 112 heads: n = 64, so slope 1 is 2^(-8/64) and slope 65 is 2^(-8/128)
+    bloom = flex.alibi_slopes(112)
+    assert_close(bloom[0].item(), 0.9170040432046712)
+    assert_close(bloom[63].item(), 2.0**-8)
+    assert_close(bloom[64].item(), 0.9576032806985737)
+    assert_close(bloom[111].item(), 2 ** (-8 * 95 / 128))  # i = 2·47 + 1 of the 128-sequence
+    assert len(set(bloom.tolist())) == 112  # no slope repeats
+
+
 def test_every_mask_matches_flash_attention_with_a_dense_mask():
     from torch.nn.attention.flex_attention import create_block_mask
 

@@ -125,3 +125,23 @@ def test_errors() -> None:
         ValueError, match=r"new latents \(2, 1, 12\) do not match the cached latents \(1, 3, 12\)"
     ):
         layer(randn(2, 1, 32), cache=cache)
+
+
+@pytest.mark.parametrize("absorbed", [False, True])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_zero_new_tokens(absorbed: bool, is_causal: bool) -> None:
+    """L = 0 gives an empty output, as torch's SDPA; with a cache it is a step that adds nothing."""
+    layer = _layer()
+    x = randn(2, 5, 32, seed=3)
+    with torch.no_grad():
+        assert_close(layer(x[:, :0], is_causal=is_causal, absorbed=absorbed), x[:, :0])
+        cache = mha.LatentCache()
+        empty = layer(x[:, :0], is_causal=is_causal, absorbed=absorbed, cache=cache)
+        assert empty.shape == (2, 0, 32) and len(cache) == 0
+        head = layer(x[:, :3], is_causal=is_causal, absorbed=absorbed, cache=cache)
+        layer(x[:, 3:3], is_causal=is_causal, absorbed=absorbed, cache=cache)
+        tail = layer(x[:, 3:], is_causal=is_causal, absorbed=absorbed, cache=cache)
+        whole = layer(x, is_causal=is_causal, absorbed=absorbed)
+    if is_causal:  # without a mask the first 3 tokens did not see the last 2
+        assert_close(torch.cat([head, tail], 1), whole)
+    assert len(cache) == 5

@@ -7,7 +7,8 @@ On a CUDA machine it runs on the GPU; elsewhere it produces the CPU file. It exe
 strictly (every cell, every assert, nothing written back), runs the performance report
 (tools/bench_report.py) on the device, and, on a GPU, times the chapter-6 Triton kernel against
 torch's SDPA in float16 for L from 1k to 16k. The JSON holds the device, its compute capability,
-the versions of torch and triton, each chapter's pass/fail and wall time, and every measured ratio.
+the versions of torch and triton, each chapter's pass/fail, wall time and measured claims (value,
+bound and margin, from ``mha.claims``), and every measured ratio of the report.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import platform
 import re
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -49,7 +51,11 @@ def slug(name: str) -> str:
 
 
 def run_chapter(path: Path) -> dict[str, object]:
-    """Execute one chapter in a fresh kernel, every cell, stopping at the first error."""
+    """Execute one chapter in a fresh kernel, every cell, stopping at the first error.
+
+    Returns its pass/fail, wall time, error and the measured claims it made (``mha.claims``
+    records each one, with its margin, in the file named by ``MHA_CLAIMS_FILE``).
+    """
     nb = nbformat.read(path, as_version=4)
     fold(nb)
     client = NotebookClient(
@@ -61,15 +67,22 @@ def run_chapter(path: Path) -> dict[str, object]:
         extra_arguments=["--InteractiveShell.xmode=Minimal"],
     )
     start = time.perf_counter()
-    try:
-        client.execute()
-        error = None
-    except Exception as err:  # the chapter failed: record where, keep going with the others
-        error = "".join(traceback.format_exception_only(type(err), err)).strip()[-2000:]
+    with tempfile.TemporaryDirectory() as tmp:
+        record = Path(tmp) / "claims.jsonl"
+        os.environ["MHA_CLAIMS_FILE"] = str(record)  # the kernel inherits the environment
+        try:
+            client.execute()
+            error = None
+        except Exception as err:  # the chapter failed: record where, keep going with the others
+            error = "".join(traceback.format_exception_only(type(err), err)).strip()[-2000:]
+        finally:
+            del os.environ["MHA_CLAIMS_FILE"]
+        lines = record.read_text(encoding="utf-8").splitlines() if record.exists() else []
     return {
         "passed": error is None,
         "seconds": round(time.perf_counter() - start, 1),
         "error": error,
+        "claims": [json.loads(line) for line in lines],
     }
 
 
