@@ -153,3 +153,35 @@ def test_robustness_conditions_set_threads_and_start_a_neighbour(monkeypatch):
     with robustness.condition("memory-stream"):
         pass
     assert "np.copyto" in started[0][-1]
+
+
+def test_robustness_merge_rebuilds_one_table_from_split_runs(tmp_path, capsys):
+    def run_file(name, chapter, margin_value, passed=True):
+        record = {"name": "ratio", "value": margin_value, "above": 1.0, "below": None}
+        runs = [
+            {
+                "chapter": chapter,
+                "condition": "busy-core",
+                "run": 1,
+                "passed": passed,
+                "seconds": 1.0,
+                "error": None if passed else "AssertionError: x",
+                "claims": [{**record, "margin": margin_value}],
+            }
+        ]
+        path = tmp_path / name
+        path.write_text(json.dumps({"chapter_runs": runs}))
+        return path
+
+    a, b = run_file("a.json", "02_x", 2.0), run_file("b.json", "05_y", 1.1)
+    out = tmp_path / "all.json"
+    assert robustness.main(["--merge", str(a), str(b), "--output", str(out)]) == 1  # 1.1 < 1.3
+    merged = json.loads(out.read_text())
+    assert [(r["chapter"], r["worst_margin"]) for r in merged["claims"]] == [
+        ("05_y", 1.1),
+        ("02_x", 2.0),
+    ]
+    assert "1 below margin 1.3, 0 failed runs of 2" in capsys.readouterr().out
+    c = run_file("c.json", "02_x", 3.0, passed=False)
+    assert robustness.main(["--merge", str(a), str(c), "--output", str(out)]) == 1
+    assert json.loads(out.read_text())["failures"] == ["02_x (busy-core, run 1): AssertionError: x"]

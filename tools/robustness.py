@@ -138,6 +138,39 @@ def table(rows: Sequence[dict[str, object]], min_margin: float) -> str:
     return "\n".join(lines)
 
 
+def report(runs: Sequence[dict[str, object]], args: argparse.Namespace) -> int:
+    """Print the table of worst margins, write the JSON file, return the exit status."""
+    rows = worst_margins(runs)
+    failures = [
+        f"{r['chapter']} ({r['condition']}, run {r['run']}): {r['error']}"
+        for r in runs
+        if not r["passed"]
+    ]
+    print()
+    print(table(rows, args.min_margin))
+    weak = [r for r in rows if r["worst_margin"] < args.min_margin]  # type: ignore[operator]
+    output = args.output or REPO / "results" / "robustness" / f"{slug(device_name())}.json"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    summary = {
+        "device": device_name(),
+        "date": dt.date.today().isoformat(),
+        "conditions": sorted({str(r["condition"]) for r in runs}),
+        "runs": len(runs),
+        "min_margin": args.min_margin,
+        "claims": rows,
+        "failures": failures,
+        "chapter_runs": list(runs),  # each with its claims: --merge rebuilds the table from them
+    }
+    output.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    print(
+        f"\n{len(rows)} claims, {len(weak)} below margin {args.min_margin},"
+        f" {len(failures)} failed runs of {len(runs)} -> {output}"
+    )
+    for failure in failures:
+        print(f"failed: {failure}")
+    return 1 if weak or failures else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -154,7 +187,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="JSON file (default results/robustness/<device>.json)",
     )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        default=None,
+        help="run nothing: one table from the runs recorded in these JSON files",
+    )
     args = parser.parse_args(argv)
+    if args.merge:
+        runs = [r for f in args.merge for r in json.loads(f.read_text())["chapter_runs"]]
+        return report(runs, args)
 
     chapters = sorted((REPO / "chapters").glob("[0-9]*.ipynb"))
     if args.chapters:
@@ -163,7 +206,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"no chapter matches {args.chapters}")
 
     runs: list[dict[str, object]] = []
-    failures = []
     total = args.runs * len(args.conditions) * len(chapters)
     for i in range(args.runs):
         for name in args.conditions:
@@ -176,38 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f" {result['seconds']:6.1f} s, {len(result['claims'])} claims, {status}",  # type: ignore[arg-type]
                     flush=True,
                 )
-                if not result["passed"]:
-                    failures.append(f"{chapter.stem} ({name}, run {i + 1}): {result['error']}")
-
-    rows = worst_margins(runs)
-    print()
-    print(table(rows, args.min_margin))
-    weak = [r for r in rows if r["worst_margin"] < args.min_margin]  # type: ignore[operator]
-    output = args.output or REPO / "results" / "robustness" / f"{slug(device_name())}.json"
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(
-        json.dumps(
-            {
-                "device": device_name(),
-                "date": dt.date.today().isoformat(),
-                "conditions": args.conditions,
-                "runs_per_condition": args.runs,
-                "min_margin": args.min_margin,
-                "claims": rows,
-                "failures": failures,
-                "runs": [{k: v for k, v in r.items() if k != "claims"} for r in runs],
-            },
-            indent=1,
-        )
-        + "\n",
-        encoding="utf-8",
-    )
-    print(
-        f"\n{len(rows)} claims, {len(weak)} below margin {args.min_margin}, {len(failures)} failed runs -> {output}"
-    )
-    for failure in failures:
-        print(f"failed: {failure}")
-    return 1 if weak or failures else 0
+    return report(runs, args)
 
 
 if __name__ == "__main__":
