@@ -138,6 +138,8 @@ def summary() -> str:
     """Every claim made so far, one line each: name, bound, value and margin, in the order made."""
     made = list(_MADE.values())
     width = max((len(c.name) for c in made), default=0)
+    bound_width = max((len(c.bound) for c in made), default=0)
     return "\n".join(
-        f"{c.name:<{width}}  {c.bound:<16}  ~{c.value:.3g}  (margin ~{c.margin:.2f})" for c in made
+        f"{c.name:<{width}}  {c.bound:<{bound_width}}  ~{c.value:.3g}  (margin ~{c.margin:.2f})"
+        for c in made
     )

@@ -23,7 +23,10 @@ the environment variable ``TRITON_INTERPRET`` at the moment it decorates a funct
 decorates its own ``triton.language`` helpers when ``triton`` is first imported, so the variable
 must be set before the first ``import triton`` of the process):
 
-* unset: the kernel is compiled for the GPU (CUDA or ROCm) and needs GPU tensors;
+* unset: the kernel is compiled for the GPU (CUDA or ROCm) and needs GPU tensors. The GPU must
+  be one the installed Triton compiles ``tl.dot`` for (``capabilities(device).triton_native``):
+  compute capability 8.0 or newer, or a T4 (7.5) with Triton 3.2 or older, since Triton 3.3
+  dropped Turing's tensor-core ``tl.dot``; on any other GPU :func:`triton_attention` says so;
 * ``TRITON_INTERPRET=1``: the kernel runs in Triton's interpreter, which executes it program by
   program with NumPy on the CPU. It is slow, but it runs the very same kernel source, which is how
   the course tests it on machines without a GPU.
@@ -465,12 +468,17 @@ def _check_device(query: Tensor, interpreted: bool) -> None:
             "os.environ['TRITON_INTERPRET'] = '1' before the first `import triton` (importing "
             "mha.triton_flash imports triton), then restart Python."
         )
-    if (
-        query.device.type == "cuda"
-        and not interpreted
-        and query.dtype == torch.bfloat16
-        and not capabilities(query.device).triton_bfloat16
-    ):
+    if query.device.type != "cuda" or interpreted:
+        return
+    caps = capabilities(query.device)
+    if not caps.triton_native:
+        # A T4 with Triton >= 3.3 (no tensor-core tl.dot for Turing any more): say so, with
+        # the ways out, rather than compile a kernel that Triton no longer supports there.
+        raise RuntimeError(
+            f"the Triton kernels cannot run natively on this GPU: {caps.triton_note} "
+            f"(query {tuple(query.shape)}, {query.dtype})"
+        )
+    if query.dtype == torch.bfloat16 and not caps.triton_bfloat16:
         # Pre-Ampere NVIDIA GPUs have no bfloat16 tensor cores: say so here, with the fix,
         # rather than fail deep inside Triton's compiler.
         major, minor = torch.cuda.get_device_capability(query.device)
@@ -515,7 +523,10 @@ def triton_attention(
     Raises:
         ImportError: Triton is not installed.
         RuntimeError: CPU tensors while the kernel is compiled for a GPU (set
-            ``TRITON_INTERPRET=1`` before importing this module to use the interpreter).
+            ``TRITON_INTERPRET=1`` before importing this module to use the interpreter); or
+            a GPU the installed Triton cannot compile the kernels for, such as a T4 with
+            Triton 3.3 or newer (see :attr:`mha.device.Capabilities.triton_native`).
+        TypeError: bfloat16 on a GPU without bfloat16 tensor cores (compute capability < 8.0).
     """
     _require_triton()
     _check_inputs(query, key, value)
