@@ -138,19 +138,12 @@ def table(rows: Sequence[dict[str, object]], min_margin: float) -> str:
     return "\n".join(lines)
 
 
-def report(runs: Sequence[dict[str, object]], args: argparse.Namespace) -> int:
-    """Print the table of worst margins, write the JSON file, return the exit status."""
-    rows = worst_margins(runs)
-    failures = [
-        f"{r['chapter']} ({r['condition']}, run {r['run']}): {r['error']}"
-        for r in runs
-        if not r["passed"]
-    ]
-    print()
-    print(table(rows, args.min_margin))
-    weak = [r for r in rows if r["worst_margin"] < args.min_margin]  # type: ignore[operator]
+def save(runs: Sequence[dict[str, object]], args: argparse.Namespace) -> Path:
+    """Write the runs so far and their worst margins to the JSON file (after every run, so that
+    an interrupted run keeps what it measured)."""
     output = args.output or REPO / "results" / "robustness" / f"{slug(device_name())}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
+    rows, failures = worst_margins(runs), failures_of(runs)
     summary = {
         "device": device_name(),
         "date": dt.date.today().isoformat(),
@@ -162,6 +155,25 @@ def report(runs: Sequence[dict[str, object]], args: argparse.Namespace) -> int:
         "chapter_runs": list(runs),  # each with its claims: --merge rebuilds the table from them
     }
     output.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    return output
+
+
+def failures_of(runs: Sequence[dict[str, object]]) -> list[str]:
+    return [
+        f"{r['chapter']} ({r['condition']}, run {r['run']}): {r['error']}"
+        for r in runs
+        if not r["passed"]
+    ]
+
+
+def report(runs: Sequence[dict[str, object]], args: argparse.Namespace) -> int:
+    """Print the table of worst margins, write the JSON file, return the exit status."""
+    rows = worst_margins(runs)
+    failures = failures_of(runs)
+    print()
+    print(table(rows, args.min_margin))
+    weak = [r for r in rows if r["worst_margin"] < args.min_margin]  # type: ignore[operator]
+    output = save(runs, args)
     print(
         f"\n{len(rows)} claims, {len(weak)} below margin {args.min_margin},"
         f" {len(failures)} failed runs of {len(runs)} -> {output}"
@@ -218,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f" {result['seconds']:6.1f} s, {len(result['claims'])} claims, {status}",  # type: ignore[arg-type]
                     flush=True,
                 )
+                save(runs, args)
     return report(runs, args)
 
 
