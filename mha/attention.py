@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import validation as validate
-from .masks import causal_mask
+from .masks import _causal_mask
 
 
 def fold_groups(t: Tensor, groups: int) -> Tensor:
@@ -105,6 +105,32 @@ def scaled_dot_product_attention(
     groups, scale = check_arguments(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     validate.probability("dropout_p", dropout_p)
     validate.flag("return_weights", return_weights)
+    return _attention(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, groups, return_weights
+    )
+
+
+def _attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float,
+    groups: int = 1,
+    return_weights: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """The math of :func:`scaled_dot_product_attention`, on checked arguments.
+
+    ``scale`` is a number here (the public function turns ``None`` into ``1/sqrt(D)``), and
+    ``groups`` is the number of query heads that share one key/value head (``H // Hkv``; 1
+    without grouped-query attention).
+
+    Shapes:
+        query ``(..., L, D)``, key ``(..., S, D)``, value ``(..., S, Dv)``; returns
+        ``(..., L, Dv)`` [and weights ``(..., L, S)``] in the input dtype.
+    """
     L, S = query.shape[-2], key.shape[-2]
     scores_shape = (*query.shape[:-2], L, S)  # (..., L, S)
     dtype = query.dtype
@@ -119,7 +145,7 @@ def scaled_dot_product_attention(
     scores = (q @ key.transpose(-2, -1)).view(scores_shape)  # (..., L, S)
     masked = attn_mask is not None or is_causal
     if is_causal and L and S:  # (L or S = 0: no score to hide, and the output is empty or 0)
-        scores = scores.masked_fill(~causal_mask(L, S, device=scores.device), float("-inf"))
+        scores = scores.masked_fill(~_causal_mask(L, S, device=scores.device), float("-inf"))
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
             scores = scores.masked_fill(~attn_mask, float("-inf"))  # broadcasts to (..., L, S)

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from . import validation as validate
 from .attention import check_arguments
-from .flash import flash_attention
+from .flash import _flash_attention
 
 
 class PreallocatedKVCache:
@@ -232,9 +232,7 @@ class PagedKVCache:
 def merge_partials(out: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
     """Combine attention over disjoint sets of keys from each set's output and logsumexp.
 
-    Each partial output is normalised by its own denominator ``exp(lse_i)``; the full softmax
-    divides by their sum ``exp(lse)``, so partial ``i`` counts with weight ``exp(lse_i - lse)``.
-    Subtracting ``lse`` first keeps every exponent ``<= 0``: nothing can overflow.
+    The result is the attention over all the keys at once, and its logsumexp.
 
     Shapes:
         out ``(splits, ..., L, Dv)``, lse ``(splits, ..., L)``; returns ``(..., L, Dv)`` and the
@@ -242,6 +240,20 @@ def merge_partials(out: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
         out's dtype, or float32 for float16/bfloat16 outputs.
     """
     validate.partials(out, lse)
+    return _merge_partials(out, lse)
+
+
+def _merge_partials(out: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`merge_partials` on checked partials.
+
+    Each partial output is normalised by its own denominator ``exp(lse_i)``; the full softmax
+    divides by their sum ``exp(lse)``, so partial ``i`` counts with weight ``exp(lse_i - lse)``.
+    Subtracting ``lse`` first keeps every exponent ``<= 0``: nothing can overflow.
+
+    Shapes:
+        out ``(splits, ..., L, Dv)``, lse ``(splits, ..., L)``; returns ``(..., L, Dv)`` and
+        ``(..., L)``.
+    """
     total = torch.logsumexp(lse, dim=0)  # (..., L)
     safe = torch.where(torch.isneginf(total), 0.0, total)  # a row with no key at all: weights 0
     weights = torch.exp(lse - safe).unsqueeze(-1)  # (splits, ..., L, 1)
@@ -275,7 +287,7 @@ def flash_decoding(
         query ``(..., L, D)`` (``L = 1`` when decoding), key ``(..., S, D)``, value
         ``(..., S, Dv)``; returns ``(..., L, Dv)``.
     """
-    _, scale = check_arguments(query, key, value, None, False, scale, enable_gqa)
+    groups, scale = check_arguments(query, key, value, None, False, scale, enable_gqa)
     num_splits = validate.positive_int("num_splits", num_splits)
     S = key.shape[-2]
     compute = torch.float32 if query.dtype in validate.LOW_PRECISION else query.dtype
@@ -284,16 +296,11 @@ def flash_decoding(
     # gives zeros and lse = -inf, the zeros torch's SDPA returns for S = 0.
     chunk = max(1, math.ceil(S / num_splits))
     partials = [
-        flash_attention(
-            q,
-            k[..., i : i + chunk, :],
-            v[..., i : i + chunk, :],
-            scale=scale,
-            enable_gqa=enable_gqa,
-            return_lse=True,
+        _flash_attention(
+            q, k[..., i : i + chunk, :], v[..., i : i + chunk, :], None, False, scale, groups=groups
         )  # (..., L, Dv), (..., L)
         for i in range(0, max(S, 1), chunk)
     ]
     outs, lses = zip(*partials)
-    out, _ = merge_partials(torch.stack(outs), torch.stack(lses))  # (..., L, Dv)
+    out, _ = _merge_partials(torch.stack(outs), torch.stack(lses))  # (..., L, Dv)
     return out.to(query.dtype)

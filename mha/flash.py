@@ -81,6 +81,7 @@ class Tile:
     q1: int
 
 
+BLOCK_SIZE = 128  # keys per tile, and query rows per block, unless told otherwise
 QUERY_BLOCKS_PER_STEP = 4  # a step of the loop serves 4 blocks of query rows (see tile_schedule)
 
 
@@ -105,11 +106,29 @@ def tile_schedule(
     L: int,
     S: int,
     *,
-    block_size: int = 128,
+    block_size: int = BLOCK_SIZE,
     is_causal: bool = False,
     attn_mask: Tensor | None = None,
 ) -> list[Tile]:
     """The tiles :func:`flash_attention` computes, in order; hidden ones are left out.
+
+    Each :class:`Tile` is a span of key columns and the query rows it updates. With
+    ``is_causal`` (top-left alignment) or with a mask (``False`` or ``-inf`` entries hidden), a
+    tile that no row of a block of ``block_size`` rows can see is not computed for that block.
+
+    Shapes:
+        attn_mask broadcasts to ``(..., L, S)``.
+    """
+    L, S = validate.non_negative_int("L", L), validate.non_negative_int("S", S)
+    block_size = validate.positive_int("block_size", block_size)
+    validate.flag("is_causal", is_causal)
+    return _tile_schedule(L, S, block_size, is_causal, attn_mask)
+
+
+def _tile_schedule(
+    L: int, S: int, block_size: int, is_causal: bool, attn_mask: Tensor | None
+) -> list[Tile]:
+    """:func:`tile_schedule` on checked arguments.
 
     The query rows are cut into steps of ``QUERY_BLOCKS_PER_STEP`` blocks of ``block_size`` rows
     and the keys into tiles of ``block_size`` keys. For each step (the outer loop, as in
@@ -122,9 +141,6 @@ def tile_schedule(
     Shapes:
         attn_mask broadcasts to ``(..., L, S)``.
     """
-    L, S = validate.non_negative_int("L", L), validate.non_negative_int("S", S)
-    block_size = validate.positive_int("block_size", block_size)
-    validate.flag("is_causal", is_causal)
     n_blocks = math.ceil(L / block_size)
     # one transfer to the host, not one per tile
     visible = None if attn_mask is None else visible_blocks(attn_mask, L, S, block_size).tolist()
@@ -171,7 +187,7 @@ def flash_attention(
     is_causal: bool = False,
     *,
     scale: float | None = None,
-    block_size: int = 128,
+    block_size: int = BLOCK_SIZE,
     enable_gqa: bool = False,
     return_lse: Literal[False] = False,
 ) -> Tensor: ...
@@ -186,7 +202,7 @@ def flash_attention(
     is_causal: bool = False,
     *,
     scale: float | None = None,
-    block_size: int = 128,
+    block_size: int = BLOCK_SIZE,
     enable_gqa: bool = False,
     return_lse: Literal[True],
 ) -> tuple[Tensor, Tensor]: ...
@@ -200,7 +216,7 @@ def flash_attention(
     is_causal: bool = False,
     *,
     scale: float | None = None,
-    block_size: int = 128,
+    block_size: int = BLOCK_SIZE,
     enable_gqa: bool = False,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
@@ -231,12 +247,26 @@ def flash_attention(
             "flash_attention does not compute a gradient for attn_mask; pass attn_mask.detach() "
             f"(attn_mask {tuple(attn_mask.shape)} requires grad)"
         )
+    out, lse = _flash_attention(query, key, value, attn_mask, is_causal, scale, block_size, groups)
+    return (out, lse) if return_lse else out
+
+
+def _flash_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None,
+    is_causal: bool,
+    scale: float,
+    block_size: int = BLOCK_SIZE,
+    groups: int = 1,
+) -> tuple[Tensor, Tensor]:
+    """:func:`flash_attention` on checked arguments: ``(out, lse)``, differentiable in query,
+    key and value (through :class:`_FlashAttention` when one of them requires grad)."""
     args = (query, key, value, attn_mask, is_causal)
     if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
-        out, lse = _FlashAttention.apply(*args, scale, block_size, groups)
-    else:
-        out, lse = flash_attention_forward(*args, scale=scale, block_size=block_size, groups=groups)
-    return (out, lse) if return_lse else out
+        return _FlashAttention.apply(*args, scale, block_size, groups)
+    return flash_attention_forward(*args, scale=scale, block_size=block_size, groups=groups)
 
 
 class _FlashAttention(torch.autograd.Function):
@@ -303,7 +333,7 @@ def flash_attention_forward(
     """
     L, S = query.shape[-2], key.shape[-2]
     batch = query.shape[:-2]
-    schedule = tile_schedule(L, S, block_size=block_size, is_causal=is_causal, attn_mask=attn_mask)
+    schedule = _tile_schedule(L, S, block_size, is_causal, attn_mask)
     dtype = query.dtype
     compute = torch.float32 if dtype in validate.LOW_PRECISION else dtype
     query = query.to(compute) * scale  # (..., L, D): scaling L·D numbers once, not every tile
@@ -357,7 +387,7 @@ def flash_attention_backward(
     """
     L, S = query.shape[-2], key.shape[-2]
     batch = query.shape[:-2]
-    schedule = tile_schedule(L, S, block_size=block_size, is_causal=is_causal, attn_mask=attn_mask)
+    schedule = _tile_schedule(L, S, block_size, is_causal, attn_mask)
     compute = torch.float32 if query.dtype in validate.LOW_PRECISION else query.dtype
     q = query.to(compute) * scale  # (..., L, D) scaled once, as in the forward pass
     k, v, d_out = key.to(compute), value.to(compute), grad_out.to(compute)

@@ -34,7 +34,7 @@ def causal_mask(
     """
     L = validate.positive_int("L", L)
     S = L if S is None else validate.positive_int("S", S)
-    return torch.ones(L, S, dtype=torch.bool, device=device).tril()
+    return _causal_mask(L, S, device=device)
 
 
 def causal_mask_bottom_right(
@@ -53,7 +53,22 @@ def causal_mask_bottom_right(
     S = L if S is None else validate.positive_int("S", S)
     if S < L:
         raise ValueError(f"bottom-right causal alignment needs S >= L, got L={L} and S={S}")
-    return torch.ones(L, S, dtype=torch.bool, device=device).tril(diagonal=S - L)
+    return _causal_mask(L, S, diagonal=S - L, device=device)
+
+
+def _causal_mask(
+    L: int, S: int, *, diagonal: int = 0, device: torch.device | str | None = None
+) -> Tensor:
+    """The causal keep-mask of :func:`causal_mask` (``diagonal=0``, top-left) and of
+    :func:`causal_mask_bottom_right` (``diagonal=S - L``), on checked ``L`` and ``S``.
+
+    Query ``i`` may attend to keys ``0..i + diagonal``: the lower triangle of an ``(L, S)``
+    matrix of ones, from the diagonal that starts at key ``diagonal``.
+
+    Shapes:
+        returns ``(L, S)`` bool.
+    """
+    return torch.ones(L, S, dtype=torch.bool, device=device).tril(diagonal)
 
 
 def sliding_window_mask(

@@ -31,8 +31,8 @@ import torch
 from torch import Tensor, nn
 
 from . import validation as validate
-from .attention import scaled_dot_product_attention
-from .masks import causal_mask_bottom_right
+from .attention import _attention
+from .masks import _causal_mask
 
 
 class LatentCache:
@@ -59,6 +59,11 @@ class LatentCache:
         ``S_new = 0`` adds nothing and returns what the cache holds.
         """
         validate.tensor("c", c, floating=True, ndim=3, layout="(B, S_new, C)")
+        return self._append(c)
+
+    def _append(self, c: Tensor) -> Tensor:
+        """:meth:`update` on a checked ``(B, S_new, C)`` tensor (what
+        :meth:`MultiHeadLatentAttention.forward` computes); it must still fit the cached latents."""
         if self.latent is None:
             self.latent = c
         else:
@@ -183,9 +188,10 @@ class MultiHeadLatentAttention(nn.Module):
         c = self.kv_down(x)  # (B, L, C): what compress(x) gives; x is checked above
         mask = None
         if cache is not None:
-            c = cache.update(c)  # (B, S, C), S = cached + L
+            c = cache._append(c)  # (B, S, C), S = cached + L
             if is_causal and L:  # the new queries are the last L positions (none: nothing to hide)
-                mask = causal_mask_bottom_right(L, c.shape[1], device=x.device)  # (L, S)
+                S = c.shape[1]
+                mask = _causal_mask(L, S, diagonal=S - L, device=x.device)  # (L, S), bottom-right
             is_causal = False
         attend = self._attend_absorbed if absorbed else self._attend_materialised
         out = attend(q, c, mask, is_causal)  # (B, H, L, D)
@@ -204,8 +210,8 @@ class MultiHeadLatentAttention(nn.Module):
         H, D = self.num_heads, self.head_dim
         k = self.k_up(c).view(B, S, H, D).transpose(1, 2)  # (B, H, S, D)
         v = self.v_up(c).view(B, S, H, D).transpose(1, 2)  # (B, H, S, D)
-        out = scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal)  # (B, H, L, D)
-        return cast(Tensor, out)
+        out = _attention(q, k, v, mask, dropout_p=0.0, is_causal=is_causal, scale=1 / math.sqrt(D))
+        return cast(Tensor, out)  # (B, H, L, D)
 
     def _attend_absorbed(
         self, q: Tensor, c: Tensor, mask: Tensor | None, is_causal: bool
@@ -221,13 +227,14 @@ class MultiHeadLatentAttention(nn.Module):
         q_lat = q @ w_uk  # (B, H, L, D) @ (H, D, C) -> (B, H, L, C)
         c_head = c.unsqueeze(1)  # (B, 1, S, C): one head, shared by all H queries (as in MQA)
         # The scale is 1/sqrt(D), that of the rebuilt heads, not 1/sqrt(C).
-        pc = scaled_dot_product_attention(
+        pc = _attention(
             q_lat,
             c_head,
             c_head,
             mask,
+            dropout_p=0.0,
             is_causal=is_causal,
             scale=1 / math.sqrt(D),
-            enable_gqa=True,
+            groups=H,
         )  # (B, H, L, C): the weighted sum of latents, P c
         return cast(Tensor, pc) @ w_uv.transpose(-2, -1)  # (B, H, L, C) @ (H, C, D) -> (B, H, L, D)

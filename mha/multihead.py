@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import math
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 
 from . import validation as validate
-from .attention import scaled_dot_product_attention
-from .flash import flash_attention
-from .masks import causal_mask, causal_mask_bottom_right
-from .rope import apply_rope
+from .attention import _attention
+from .flash import _flash_attention
+from .masks import _causal_mask
+from .rope import _apply_rope
 
 BACKENDS = ("math", "sdpa", "flash", "triton")
+STEPS = ("q", "k", "v", "weights", "heads", "concat", "out")  # what a step hook is handed
 
 
 @runtime_checkable
@@ -116,6 +121,8 @@ class MultiHeadAttention(nn.Module):
     ``is_causal`` is aligned top-left without a cache (as in PyTorch) and bottom-right with one:
     each new query sees the whole cache and the new tokens up to itself. Only the math path
     produces weights, so the other backends use it when ``need_weights`` is set.
+
+    :meth:`register_step_hook` lets a function watch the tensors of every step of ``forward``.
     """
 
     def __init__(
@@ -176,6 +183,7 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(vdim, kv_width, bias=bias, **factory)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
         self._stacked: tuple[list, list, Tensor, Tensor | None] | None = None  # see _stacked_qkv
+        self._step_hooks: OrderedDict[int, Callable[[str, Tensor], object]] = OrderedDict()
 
     def extra_repr(self) -> str:
         kv = "" if self.num_kv_heads == self.num_heads else f", num_kv_heads={self.num_kv_heads}"
@@ -231,6 +239,62 @@ class MultiHeadAttention(nn.Module):
         if attn_mask is not None:  # with a cache, the scores also cover the cached keys
             S = key.shape[1] + (0 if kv_cache is None else len(kv_cache))
             validate.attn_mask(attn_mask, (query.shape[0], self.num_heads, query.shape[1], S))
+        if not need_weights:  # (with need_weights every backend uses the math path)
+            self._check_backend(query, attn_mask, is_causal, kv_cache)
+
+    def _check_backend(
+        self,
+        query: Tensor,
+        attn_mask: Tensor | None,
+        is_causal: bool,
+        kv_cache: KVCacheProtocol | None,
+    ) -> None:
+        """What the flash and triton backends cannot do, checked before any work is done."""
+        if self.backend == "flash" and attn_mask is not None and attn_mask.requires_grad:
+            raise ValueError(
+                "backend 'flash' does not compute a gradient for attn_mask; pass "
+                f"attn_mask.detach() (attn_mask {tuple(attn_mask.shape)} requires grad)"
+            )
+        if self.backend != "triton":
+            return
+        # With a cache, is_causal becomes a bottom-right mask (see _use_cache).
+        if attn_mask is not None or (is_causal and kv_cache is not None and query.shape[1]):
+            raise ValueError(
+                "backend 'triton' supports is_causal but no attn_mask (with a kv_cache, "
+                "is_causal is a bottom-right mask); use another backend"
+            )
+        from .triton_flash import _check_dtype, _check_head_dim  # optional: triton is an extra
+
+        _check_dtype("query", query)
+        _check_head_dim(
+            self.head_dim, f"embed_dim ({self.embed_dim}) / num_heads ({self.num_heads})"
+        )
+
+    def register_step_hook(self, hook: Callable[[str, Tensor], object]) -> RemovableHandle:
+        """Call ``hook(step, tensor)`` with the result of each step while :meth:`forward` runs.
+
+        The steps, in order (:data:`STEPS`): ``"q"``, ``"k"``, ``"v"`` after the head split
+        (before RoPE and the cache), ``"weights"`` (only with ``need_weights=True``), ``"heads"``
+        (the per-head outputs), ``"concat"`` (the heads side by side, before ``out_proj``) and
+        ``"out"``. What the hook returns is ignored; it should not change the tensor. As with
+        torch's module hooks, ``handle.remove()`` on the returned handle unregisters it. Without
+        a hook, ``forward`` does no extra work.
+
+        Shapes:
+            q ``(B, H, L, D)``, k and v ``(B, Hkv, S, D)``, weights ``(B, H, L, S)``, heads
+            ``(B, H, L, D)``, concat and out ``(B, L, E)``.
+        """
+        validate.function("hook", hook)
+        handle = RemovableHandle(self._step_hooks)
+        self._step_hooks[handle.id] = hook
+        return handle
+
+    def _report(self, **steps: Tensor | None) -> None:
+        """Hand each step's tensor (``None``: not computed) to the step hooks, in order."""
+        for hook in self._step_hooks.values():
+            for step, tensor in steps.items():
+                if tensor is not None:
+                    hook(step, tensor)
 
     def forward(
         self,
@@ -257,10 +321,12 @@ class MultiHeadAttention(nn.Module):
         value = key if value is None else value
         self._check_inputs(query, key, value, attn_mask, is_causal, need_weights, kv_cache)
         q, k, v = self._project(query, key, value)  # (B, H, L, D), (B, Hkv, S, D), (B, Hkv, S, D)
+        self._report(q=q, k=k, v=v)  # to the step hooks, if any
         q, k = self._rotate(q, k, kv_cache)  # RoPE, if on: positions go on after the cache
         if kv_cache is not None:
             k, v, attn_mask, is_causal = self._use_cache(kv_cache, q, k, v, attn_mask, is_causal)
         out, weights = self._attend(q, k, v, attn_mask, is_causal, need_weights)  # (B, H, L, D)
+        self._report(weights=weights, heads=out)
         return self._merge(out), weights
 
     def _rotate(
@@ -276,7 +342,7 @@ class MultiHeadAttention(nn.Module):
         if not self.rope:
             return q, k
         start = 0 if kv_cache is None else len(kv_cache)
-        return apply_rope(q, start, base=self.rope_base), apply_rope(k, start, base=self.rope_base)
+        return _apply_rope(q, start, self.rope_base), _apply_rope(k, start, self.rope_base)
 
     def _use_cache(
         self,
@@ -296,7 +362,8 @@ class MultiHeadAttention(nn.Module):
         """
         k, v = kv_cache.update(k, v)  # (B, Hkv, S_cached + S_new, D)
         if is_causal and q.shape[-2]:  # (no query, L = 0: nothing to hide)
-            keep = causal_mask_bottom_right(q.shape[-2], k.shape[-2], device=q.device)  # (L, S)
+            L, S = q.shape[-2], k.shape[-2]
+            keep = _causal_mask(L, S, diagonal=S - L, device=q.device)  # (L, S), bottom-right
             attn_mask = self._and_mask(attn_mask, keep)
         is_causal = False  # the bottom-right mask replaces the top-left flag
         return k, v, attn_mask, is_causal
@@ -364,40 +431,38 @@ class MultiHeadAttention(nn.Module):
             ``(B, H, L, S)``; returns out ``(B, H, L, D)`` and weights ``(B, H, L, S)`` or ``None``.
         """
         (_, H, L, _), S = q.shape, k.shape[-2]
-        gqa = H != self.num_kv_heads
+        groups = H // self.num_kv_heads  # query heads per key/value head
+        scale = 1.0 / math.sqrt(self.head_dim)
         dropout_p = self.dropout if self.training else 0.0
         if need_weights or self.backend == "math":  # only the math path has the weights
-            out, weights = scaled_dot_product_attention(
-                q, k, v, attn_mask, dropout_p, is_causal, return_weights=True, enable_gqa=gqa
+            out, weights = _attention(
+                q, k, v, attn_mask, dropout_p, is_causal, scale, groups, return_weights=True
             )  # (B, H, L, D), (B, H, L, S)
             return out, (weights if need_weights else None)
         if self.backend == "sdpa":
             if is_causal and attn_mask is not None:  # torch takes one or the other, not both
                 if L and S:  # (with L or S = 0 there is no score to hide)
-                    attn_mask = self._and_mask(attn_mask, causal_mask(L, S, device=q.device))
+                    attn_mask = self._and_mask(attn_mask, _causal_mask(L, S, device=q.device))
                 is_causal = False
             return F.scaled_dot_product_attention(
-                q, k, v, attn_mask, dropout_p, is_causal, enable_gqa=gqa
+                q, k, v, attn_mask, dropout_p, is_causal, enable_gqa=groups > 1
             ), None
         if self.backend == "flash":
-            return flash_attention(q, k, v, attn_mask, is_causal, enable_gqa=gqa), None
-        if attn_mask is not None:
-            raise ValueError(
-                "backend 'triton' supports is_causal but no attn_mask; use another backend"
-            )
-        from .triton_flash import triton_attention  # optional: triton is an extra
+            out, _ = _flash_attention(q, k, v, attn_mask, is_causal, scale, groups=groups)
+            return out, None
+        from .triton_flash import _triton_attention  # optional: triton is an extra
 
-        if gqa:  # the chapter-6 kernel reads one key/value head per query head
-            k, v = (
-                t.repeat_interleave(H // self.num_kv_heads, dim=1) for t in (k, v)
-            )  # (B, H, S, D)
-        return triton_attention(q, k, v, is_causal=is_causal), None
+        if groups > 1:  # the chapter-6 kernel reads one key/value head per query head
+            k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))  # (B, H, S, D)
+        return _triton_attention(q, k, v, is_causal, scale), None
 
     def _merge(self, out: Tensor) -> Tensor:
         """Concatenate the heads and mix them with ``W_O``: ``(B, H, L, D) -> (B, L, E)``."""
         B, H, L, D = out.shape
-        out = out.transpose(1, 2).reshape(B, L, H * D)  # concat heads -> (B, L, E)
-        return self.out_proj(out)  # (B, L, E)
+        concat = out.transpose(1, 2).reshape(B, L, H * D)  # concat heads -> (B, L, E)
+        out = self.out_proj(concat)  # (B, L, E)
+        self._report(concat=concat, out=out)
+        return out
 
     @staticmethod
     def _and_mask(attn_mask: Tensor | None, keep: Tensor) -> Tensor:

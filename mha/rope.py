@@ -37,19 +37,15 @@ def rope_frequencies(
         raise ValueError(f"head_dim must be even (RoPE rotates pairs), got {head_dim}")
     base = validate.positive_float("base", base)
     validate.floating_dtype("dtype", dtype)
+    return _rope_frequencies(head_dim, base, dtype, device)
+
+
+def _rope_frequencies(
+    head_dim: int, base: float, dtype: torch.dtype, device: torch.device | str | None
+) -> Tensor:
+    """:func:`rope_frequencies` on checked arguments: ``(D/2,)``."""
     i = torch.arange(0, head_dim, 2, dtype=dtype, device=device)  # (D/2,) = 2i
     return base ** (-i / head_dim)  # (D/2,)
-
-
-def _positions(positions: int | Tensor | None, x: Tensor) -> Tensor:
-    """The integer position of every row of ``x``: ``(L,)`` or broadcasting to ``(..., L)``."""
-    L = x.shape[-2]
-    pos = validate.positions(
-        "positions", 0 if positions is None else positions, validate.shape(x)[:-1]
-    )
-    if isinstance(pos, int):  # an offset: the rows are pos, pos + 1, ...
-        return torch.arange(pos, pos + L, device=x.device)  # (L,)
-    return pos.to(x.device)
 
 
 def apply_rope(
@@ -73,14 +69,30 @@ def apply_rope(
     validate.tensor("x", x, floating=True)
     if x.dim() < 2:
         raise ValueError(f"x must have at least 2 dims (..., L, D), got shape {validate.shape(x)}")
-    D = x.shape[-1]
-    if D % 2:
+    if x.shape[-1] % 2:
         raise ValueError(
             f"x must have an even last dim D (RoPE rotates pairs), got shape {validate.shape(x)}"
         )
+    base = validate.positive_float("base", base)
+    positions = validate.positions(
+        "positions", 0 if positions is None else positions, validate.shape(x)[:-1]
+    )
+    return _apply_rope(x, positions, base)
+
+
+def _apply_rope(x: Tensor, positions: int | Tensor, base: float) -> Tensor:
+    """:func:`apply_rope` on checked arguments: ``positions`` is an int offset ``p0`` (rows at
+    ``p0 … p0+L-1``) or an integer tensor of positions.
+
+    Shapes:
+        x ``(..., L, D)``, positions ``(L,)`` or broadcasting to ``(..., L)`` -> ``(..., L, D)``.
+    """
+    L, D = x.shape[-2:]
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
-    theta = rope_frequencies(D, base=base, dtype=compute, device=x.device)  # (D/2,)
-    pos = _positions(positions, x).to(compute)  # (L,) or (..., L)
+    theta = _rope_frequencies(D, base, compute, x.device)  # (D/2,)
+    if isinstance(positions, int):  # an offset: the rows are p0, p0 + 1, ...
+        positions = torch.arange(positions, positions + L, device=x.device)  # (L,)
+    pos = positions.to(x.device, compute)  # (L,) or (..., L)
     angles = pos.unsqueeze(-1) * theta  # (..., L, D/2)
     cos = angles.cos().repeat(*[1] * (angles.dim() - 1), 2)  # (..., L, D): pair i and i + D/2
     sin = angles.sin().repeat(*[1] * (angles.dim() - 1), 2)  # (..., L, D)

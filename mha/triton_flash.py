@@ -440,11 +440,7 @@ def _check_inputs(query: Tensor, key: Tensor, value: Tensor) -> None:
     """What the kernel needs beyond :func:`mha.validation.qkv`: 4-D, its dtypes, D = Dv <= 128."""
     for name, t in (("query", query), ("key", key), ("value", value)):
         validate.tensor(name, t, ndim=4, layout="(B, H, L|S, D)")
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(
-                f"{name} must be float16, bfloat16 or float32, got {t.dtype} "
-                f"(shape {tuple(t.shape)})"
-            )
+        _check_dtype(name, t)
     # one dtype and device, equal head dims of query and key, equal (B, H) everywhere
     validate.qkv(query, key, value)
     if key.shape != value.shape:  # the kernel has one head dim for keys and values (Dv = D)
@@ -452,11 +448,21 @@ def _check_inputs(query: Tensor, key: Tensor, value: Tensor) -> None:
             f"key and value must have the same shape (B, H, S, D), got key {tuple(key.shape)} "
             f"and value {tuple(value.shape)}"
         )
-    D = query.shape[-1]
-    if not 1 <= D <= MAX_HEAD_DIM:
-        raise ValueError(
-            f"head dim D must be in [1, {MAX_HEAD_DIM}], got D={D} (query {tuple(query.shape)})"
+    _check_head_dim(query.shape[-1], f"query {tuple(query.shape)}")
+
+
+def _check_dtype(name: str, t: Tensor) -> None:
+    """One of the dtypes the kernel computes with (also what ``backend="triton"`` checks)."""
+    if t.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"{name} must be float16, bfloat16 or float32, got {t.dtype} (shape {tuple(t.shape)})"
         )
+
+
+def _check_head_dim(D: int, where: str) -> None:
+    """A head dim the kernel's tiles hold; ``where`` says where ``D`` comes from."""
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim D must be in [1, {MAX_HEAD_DIM}], got D={D} ({where})")
 
 
 def _check_device(query: Tensor, interpreted: bool) -> None:
@@ -528,19 +534,38 @@ def triton_attention(
             Triton 3.3 or newer (see :attr:`mha.device.Capabilities.triton_native`).
         TypeError: bfloat16 on a GPU without bfloat16 tensor cores (compute capability < 8.0).
     """
-    _require_triton()
     _check_inputs(query, key, value)
     is_causal = validate.flag("is_causal", is_causal)
     scale = validate.scale(scale)
-    D = query.shape[-1]
+    for name, block in (("block_m", block_m), ("block_n", block_n)):
+        if block is not None:
+            _check_block(name, block)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    return _triton_attention(query, key, value, is_causal, scale, block_m, block_n)
+
+
+def _triton_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    is_causal: bool,
+    scale: float,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> Tensor:
+    """:func:`triton_attention` on checked arguments (``None`` tiles: :func:`default_blocks`).
+
+    What remains to check is the machine: Triton installed, imported in the interpreter mode of
+    this module, and a device the kernels run on (see :func:`triton_attention`'s Raises).
+    """
+    _require_triton()
     interpreted = is_interpreted()
     _check_mode(interpreted)
     _check_device(query, interpreted)
     tuned = block_m is None and block_n is None  # we chose the tiles, so we may shrink them
-    default_m, default_n = default_blocks(D, query.dtype)
-    block_m = _check_block("block_m", default_m if block_m is None else block_m)
-    block_n = _check_block("block_n", default_n if block_n is None else block_n)
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    default_m, default_n = default_blocks(query.shape[-1], query.dtype)
+    block_m = default_m if block_m is None else block_m
+    block_n = default_n if block_n is None else block_n
 
     options = (is_causal, scale, block_m, block_n, tuned)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):

@@ -990,32 +990,16 @@ def quantile_band(
 
 @contextmanager
 def _recording(layer: MultiHeadAttention, shapes: dict) -> Iterator[None]:
-    """While active, ``layer``'s steps write the shapes they return into ``shapes``."""
-    project, attend = layer._project, layer._attend
+    """While active, ``layer``'s steps write the shapes of their results into ``shapes``."""
 
-    def recording_project(*args: Any, **kwargs: Any) -> tuple:
-        q, k, v = project(*args, **kwargs)
-        shapes.update(q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape))
-        return q, k, v
+    def record(step: str, tensor: torch.Tensor) -> None:
+        shapes[step] = tuple(tensor.shape)
 
-    def recording_attend(*args: Any, **kwargs: Any) -> tuple:
-        out, weights = attend(*args, **kwargs)
-        shapes["heads"] = tuple(out.shape)
-        shapes["weights"] = None if weights is None else tuple(weights.shape)
-        return out, weights
-
-    def recording_out_proj(module: object, inputs: tuple, output: torch.Tensor) -> None:
-        shapes.update(concat=tuple(inputs[0].shape), out=tuple(output.shape))
-
-    hook = layer.out_proj.register_forward_hook(recording_out_proj)
-    # On this instance only, for this call (the class's methods are back after it):
-    layer._project = recording_project  # type: ignore[method-assign]
-    layer._attend = recording_attend  # type: ignore[method-assign]
+    handle = layer.register_step_hook(record)
     try:
         yield
     finally:
-        hook.remove()
-        del layer._project, layer._attend
+        handle.remove()
 
 
 def record_shapes(
@@ -1026,9 +1010,9 @@ def record_shapes(
 ) -> dict[str, tuple[int, ...] | None]:
     """Run one forward pass of an ``mha.MultiHeadAttention`` and record the shape of every step.
 
-    The layer's own steps are observed while it runs: what ``_project`` returns (the heads
-    after the split), what ``_attend`` returns (per-head outputs and weights) and what
-    ``out_proj`` receives (the concatenation) and returns. The projections' weights are read
+    The layer's own steps are observed while it runs, through its step hook
+    (:meth:`mha.MultiHeadAttention.register_step_hook`): the heads after the split, the weights,
+    the per-head outputs, their concatenation and the output. The projections' weights are read
     from the layer, and what each projection outputs is ``(B, length, out_features)``.
 
     Args:

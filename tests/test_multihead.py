@@ -178,3 +178,127 @@ def test_gradients_flow_through_every_backend():
         model = mha.MultiHeadAttention(16, 2, backend=backend, dtype=torch.float64)
         model(randn(2, 5, 16), is_causal=True)[0].sum().backward()
         assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+# --- the step hook ----------------------------------------------------------------------------
+
+
+def _watch(layer):
+    """Register a step hook that keeps (step, tensor) pairs; returns the list and the handle."""
+    seen = []
+    handle = layer.register_step_hook(lambda step, tensor: seen.append((step, tensor)))
+    return seen, handle
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_step_hook_sees_every_step_in_order(backend):
+    torch.manual_seed(0)
+    layer = mha.MultiHeadAttention(24, 6, num_kv_heads=2, kdim=5, vdim=5, backend=backend)
+    seen, _ = _watch(layer)
+    q, k = randn(2, 4, 24, dtype=torch.float32), randn(2, 7, 5, dtype=torch.float32)
+    out, weights = layer(q, k, need_weights=True)
+    shapes = {step: tuple(t.shape) for step, t in seen}
+    assert [step for step, _ in seen] == list(mha.multihead.STEPS)
+    assert shapes == {
+        "q": (2, 6, 4, 4),  # (B, H, L, D)
+        "k": (2, 2, 7, 4),  # (B, Hkv, S, D)
+        "v": (2, 2, 7, 4),
+        "weights": (2, 6, 4, 7),  # (B, H, L, S)
+        "heads": (2, 6, 4, 4),  # (B, H, L, D)
+        "concat": (2, 4, 24),  # (B, L, E)
+        "out": (2, 4, 24),
+    }
+    steps = dict(seen)
+    assert steps["out"] is out and steps["weights"] is weights
+    # the concatenation is what out_proj receives
+    assert_close(layer.out_proj(steps["concat"]), out)
+
+
+def test_step_hook_without_weights_and_with_a_cache():
+    torch.manual_seed(0)
+    layer = mha.MultiHeadAttention(16, 2, rope=True).eval()
+    seen, _ = _watch(layer)
+    cache = mha.KVCache()
+    x = randn(1, 5, 16, dtype=torch.float32)
+    with torch.no_grad():
+        layer(x[:, :4], is_causal=True, kv_cache=cache)
+        seen.clear()
+        layer(x[:, 4:], is_causal=True, kv_cache=cache)  # one new token after 4 cached
+    assert [step for step, _ in seen] == ["q", "k", "v", "heads", "concat", "out"]
+    k = dict(seen)["k"]
+    assert k.shape == (1, 2, 1, 8)  # after the split: this step's key only, before the cache
+
+
+def test_step_hook_handles_remove_and_change_nothing():
+    torch.manual_seed(0)
+    layer = mha.MultiHeadAttention(16, 2)
+    x = randn(2, 3, 16, dtype=torch.float32)
+    expected = layer(x)[0]
+    first, handle_1 = _watch(layer)
+    second, handle_2 = _watch(layer)
+    assert torch.equal(layer(x)[0], expected)
+    assert len(first) == len(second) == 6  # q, k, v, heads, concat, out
+    handle_1.remove()
+    layer(x)
+    assert len(first) == 6 and len(second) == 12
+    handle_2.remove()
+    layer(x)
+    assert len(second) == 12 and not layer._step_hooks
+
+
+def test_step_hook_must_be_callable():
+    with pytest.raises(TypeError, match="hook must be callable, got int"):
+        mha.MultiHeadAttention(16, 2).register_step_hook(3)
+
+
+# --- what a backend cannot do is refused at forward's entry, before any work ----------------
+
+
+@pytest.mark.parametrize(
+    "backend,kwargs,error,message",
+    [
+        (
+            "flash",
+            {"attn_mask": torch.zeros(3, 3, requires_grad=True)},
+            ValueError,
+            r"backend 'flash' does not compute a gradient for attn_mask; pass "
+            r"attn_mask.detach\(\) \(attn_mask \(3, 3\) requires grad\)",
+        ),
+        (
+            "triton",
+            {"attn_mask": torch.ones(3, 3, dtype=torch.bool)},
+            ValueError,
+            "backend 'triton' supports is_causal but no attn_mask",
+        ),
+        (
+            "triton",
+            {"is_causal": True, "kv_cache": mha.KVCache()},
+            ValueError,
+            r"backend 'triton' supports is_causal but no attn_mask \(with a kv_cache, "
+            "is_causal is a bottom-right mask\\)",
+        ),
+    ],
+)
+def test_backend_limits_are_checked_at_the_entry(backend, kwargs, error, message):
+    layer = mha.MultiHeadAttention(16, 2, backend=backend)
+    seen, _ = _watch(layer)
+    with pytest.raises(error, match=message):
+        layer(torch.zeros(2, 3, 16), **kwargs)
+    assert seen == []  # not even the projection ran
+    # with need_weights the math path runs instead, which can do all of it
+    layer(torch.zeros(2, 3, 16), need_weights=True, **kwargs)
+
+
+def test_triton_dtype_and_head_dim_are_checked_at_the_entry():
+    layer = mha.MultiHeadAttention(16, 2, backend="triton", dtype=torch.float64)
+    seen, _ = _watch(layer)
+    with pytest.raises(TypeError, match="query must be float16, bfloat16 or float32, got torch.f"):
+        layer(torch.zeros(2, 3, 16, dtype=torch.float64))
+    wide = mha.MultiHeadAttention(512, 2, backend="triton")
+    wide.register_step_hook(lambda step, tensor: seen.append(step))
+    with pytest.raises(
+        ValueError,
+        match=r"head dim D must be in \[1, 128\], got D=256 \(embed_dim \(512\) / num_heads \(2\)\)",
+    ):
+        wide(torch.zeros(1, 2, 512))
+    assert seen == []
