@@ -13,20 +13,29 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
 * :class:`MultiHeadLatentAttention`, :class:`LatentCache` — DeepSeek's latent attention (``mha/mla.py``)
 * :func:`kv_cache_bytes`, :class:`AttentionConfig` — KV-cache memory of real models (``mha/kv_memory.py``)
 * :mod:`mha.flex` — the course's masks as FlexAttention ``mask_mod``/``score_mod`` functions
-* :func:`expect_error` — show a deliberate error in a notebook without stopping it (``mha/demo.py``)
 * :mod:`mha.validation` — the argument checks every public function shares
-* :mod:`mha.bench`, :mod:`mha.claims`, :mod:`mha.viz`, :mod:`mha.hardware`, :mod:`mha.exercises` —
-  measuring, asserting a measured claim with its margin, drawing, inspecting the machine, and
-  checking your answers to the exercises (loaded on first use).
+* :func:`mha.device.capabilities` — the dtypes and kernels to use on a device (``mha/device.py``)
+
+Two folders build on that code, and nothing in it imports them:
+
+* ``mha/lab/`` — the instruments that measure and draw: :mod:`mha.timing`, :mod:`mha.memory`,
+  :mod:`mha.bench`, :mod:`mha.fit`, :mod:`mha.claims`, :mod:`mha.hardware`, :mod:`mha.viz`,
+  :mod:`mha.charts`, :mod:`mha.figures` (each is ``mha.lab.<name>``, see :mod:`mha.lab`), and
+  :func:`expect_error`, which shows a deliberate error in a notebook without stopping it;
+* ``mha/exercises/`` — :mod:`mha.exercises`, the checkers of your answers to the exercises.
+
+The lab's modules, :mod:`mha.exercises` and :mod:`mha.flex` load on first use (``mha.viz`` is
+``mha.lab.viz``, the same module), so ``import mha`` does not import matplotlib.
 """
 
 import importlib
 
 from .attention import scaled_dot_product_attention, softmax
 from .decoding import PagedKVCache, PreallocatedKVCache, flash_decoding, merge_partials
-from .demo import expect_error
 from .flash import flash_attention, online_softmax_update, tile_schedule
 from .kv_memory import AttentionConfig, kv_cache_bytes
+from .lab import MODULES as _LAB_MODULES
+from .lab.demo import expect_error
 from .linear_attention import linear_attention
 from .masks import causal_mask, causal_mask_bottom_right, padding_mask, sliding_window_mask
 from .mla import LatentCache, MultiHeadLatentAttention
@@ -35,14 +44,18 @@ from .rope import apply_rope, rope_frequencies
 
 __version__ = "0.1.0"
 
-_LAZY_SUBMODULES = ("bench", "claims", "exercises", "flex", "hardware", "viz")
+# name -> the module `mha.<name>` stands for, imported on first use.
+_LAZY = {"exercises": ".exercises", "flex": ".flex"} | {m: f".lab.{m}" for m in _LAB_MODULES}
 
 
 def __getattr__(name: str):
-    # mha.bench, mha.exercises, mha.hardware and mha.viz load on first use: `import mha` stays
-    # light (no matplotlib), and the exercises, which build on all of mha, import it without a cycle.
-    if name in _LAZY_SUBMODULES:
-        return importlib.import_module(f".{name}", __name__)
+    # The lab, mha.exercises and mha.flex load on first use: `import mha` stays light (no
+    # matplotlib), and the exercises, which build on all of mha, import it without a cycle.
+    # `mha.viz` is `mha.lab.viz` itself (the module object), not a copy.
+    if name in _LAZY:
+        module = importlib.import_module(_LAZY[name], __name__)
+        globals()[name] = module  # found directly from now on
+        return module
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -58,15 +71,20 @@ __all__ = [
     "bench",
     "causal_mask",
     "causal_mask_bottom_right",
+    "charts",
     "claims",
+    "demo",
     "exercises",
     "expect_error",
+    "figures",
+    "fit",
     "flash_attention",
     "flash_decoding",
     "flex",
     "hardware",
     "kv_cache_bytes",
     "linear_attention",
+    "memory",
     "merge_partials",
     "online_softmax_update",
     "padding_mask",
@@ -75,5 +93,6 @@ __all__ = [
     "sliding_window_mask",
     "softmax",
     "tile_schedule",
+    "timing",
     "viz",
 ]

@@ -11,6 +11,10 @@ hardware in Triton's README to 8.0), so a T4 runs them natively only with Triton
 The Triton version is read from the installed package's metadata, never by importing Triton:
 ``import triton`` fixes whether kernels are compiled or interpreted (``TRITON_INTERPRET``) for the
 rest of the process, and a chapter must be able to ask first.
+
+This module sits beside the attention code rather than in :mod:`mha.lab` because the core needs
+it: :mod:`mha.triton_flash` asks it where its kernels can run. :mod:`mha.lab.hardware` reports on
+the same device; the decision itself is made only here.
 """
 
 from __future__ import annotations
@@ -148,26 +152,18 @@ def capabilities(device: str | torch.device | None = None) -> Capabilities:
     """
     dev = resolve_device(device)
     triton = triton_version()
-    if dev.type != "cuda":  # Triton kernels run on the CPU only in its interpreter
+    if dev.type != "cuda" or torch.version.hip is not None:
+        # The CPU runs every dtype and kernel (Triton's only in its interpreter); AMD GPUs have
+        # bfloat16 and FlashAttention on the MI200/MI300 line, and Triton compiles for them.
+        amd = dev.type == "cuda"
         return Capabilities(
-            dev.type,
+            str(dev) if amd else dev.type,
             None,
             bfloat16=True,
             tf32=False,
             sdpa_flash=True,
             triton_bfloat16=True,
-            triton_native=False,
-            triton=triton,
-        )
-    if torch.version.hip is not None:  # AMD: bfloat16 and FlashAttention on the MI200/MI300 line
-        return Capabilities(
-            str(dev),
-            None,
-            bfloat16=True,
-            tf32=False,
-            sdpa_flash=True,
-            triton_bfloat16=True,
-            triton_native=triton is not None,
+            triton_native=amd and triton is not None,
             triton=triton,
         )
     cc = tuple(torch.cuda.get_device_capability(dev))

@@ -1,4 +1,5 @@
-"""Tests for mha.bench: memory measured on known allocations, timing structure, table, fits, report.
+"""Tests for the lab's measuring instruments: memory (measured on known allocations), timing
+(structure), bench (table and sweep) and fit.
 
 No test asserts how fast anything is (the machine is shared and noisy); the report is run at its
 smoke-test sizes and checked for structure and for consistency between its lines and exit code.
@@ -17,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mha import bench
+from mha.lab import bench, fit, memory, timing
 
-MiB = 2**20
+MiB = memory.MiB
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_single_allocation_is_its_size():
     n = MiB  # float32 elements: 4 MiB
-    peak = bench.peak_memory(torch.empty, n)
+    peak = memory.peak_memory(torch.empty, n)
     assert peak == torch.empty(n).nbytes == 4 * MiB
 
 
@@ -41,7 +42,7 @@ def test_chain_that_frees_intermediates_reports_less_than_their_sum():
         del y
         return z.exp()  # 8 MiB live at the peak, 4 MiB returned
 
-    peak = bench.peak_memory(chain)
+    peak = memory.peak_memory(chain)
     # Four 4 MiB tensors were made, but never more than two at once (plus a few scalar bytes).
     assert 8 * MiB <= peak < 8 * MiB + 4096
     assert peak < 16 * MiB
@@ -52,12 +53,12 @@ def test_temporary_freed_inside_the_call_still_counts():
         t = torch.ones(2 * MiB)  # 8 MiB, dropped before returning
         return float(t[0])
 
-    assert 8 * MiB <= bench.peak_memory(temporary) < 8 * MiB + 4096
+    assert 8 * MiB <= memory.peak_memory(temporary) < 8 * MiB + 4096
 
 
 def test_memory_that_existed_before_is_not_counted():
     x = torch.randn(512, 512)
-    assert bench.peak_memory(lambda: x.t()) == 0  # a view allocates nothing
+    assert memory.peak_memory(lambda: x.t()) == 0  # a view allocates nothing
 
 
 def test_freeing_older_tensors_does_not_make_room():
@@ -68,13 +69,13 @@ def test_freeing_older_tensors_does_not_make_room():
             old.clear()  # frees 4 MiB that existed before the call
             return torch.ones(MiB // 4)  # 1 MiB
 
-        assert bench.peak_memory(drop_and_allocate, warmup=False) == MiB
+        assert memory.peak_memory(drop_and_allocate, warmup=False) == MiB
 
 
 def test_matches_torch_for_an_attention_score_matrix():
     q, k = torch.randn(2, 4, 128, 32), torch.randn(2, 4, 256, 32)
     scores = q @ k.transpose(-2, -1)  # (2, 4, 128, 256)
-    peak = bench.peak_memory(lambda: q @ k.transpose(-2, -1))
+    peak = memory.peak_memory(lambda: q @ k.transpose(-2, -1))
     assert peak >= scores.nbytes
     assert peak < 2 * scores.nbytes  # the result dominates; no second copy of it
 
@@ -87,7 +88,7 @@ def test_profiler_lines_do_not_reach_stderr_but_the_calls_own_output_does(capfd)
         os.write(2, b"written by the measured call\n")
         return torch.ones(10)
 
-    bench.peak_memory(noisy, warmup=False)
+    memory.peak_memory(noisy, warmup=False)
     err = capfd.readouterr().err
     assert err == "written by the measured call\n"
 
@@ -98,16 +99,16 @@ def test_python_warnings_of_the_call_are_not_swallowed():
         return torch.ones(1)
 
     with pytest.warns(UserWarning, match="from the measured call"):
-        bench.peak_memory(warns, warmup=False)
+        memory.peak_memory(warns, warmup=False)
 
 
 def test_peak_memory_bad_input():
     with pytest.raises(TypeError, match="fn must be callable"):
-        bench.peak_memory(42)
+        memory.peak_memory(42)
     with pytest.raises(ValueError, match="device must be a cpu or cuda device, got 'meta'"):
-        bench.peak_memory(torch.ones, 3, device="meta")
+        memory.peak_memory(torch.ones, 3, device="meta")
     with pytest.raises(TypeError, match=r"warmup must be a bool, got int \(0\)"):
-        bench.peak_memory(torch.ones, 3, warmup=0)
+        memory.peak_memory(torch.ones, 3, warmup=0)
 
 
 @pytest.mark.skipif(
@@ -115,12 +116,12 @@ def test_peak_memory_bad_input():
 )
 def test_peak_memory_cuda_unavailable():
     with pytest.raises(ValueError, match="CUDA is not available"):
-        bench.peak_memory(torch.ones, 3, device="cuda")
+        memory.peak_memory(torch.ones, 3, device="cuda")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_peak_memory_cuda_single_allocation():
-    peak = bench.peak_memory(torch.empty, MiB, device="cuda")
+    peak = memory.peak_memory(torch.empty, MiB, device="cuda")
     assert 4 * MiB <= peak < 5 * MiB
 
 
@@ -133,8 +134,8 @@ def test_time_fn_structure_and_arguments():
     def fn(a, b, *, c):
         calls.append((a, b, c))
 
-    t = bench.time_fn(fn, 1, 2, c=3, min_run_time=0.01, min_blocks=4)
-    assert isinstance(t, bench.Timing)
+    t = timing.time_fn(fn, 1, 2, c=3, min_run_time=0.01, min_blocks=4)
+    assert isinstance(t, timing.Timing)
     assert set(calls) == {(1, 2, 3)}
     assert len(t.times) >= 4
     assert t.runs % len(t.times) == 0 and t.runs >= len(t.times)
@@ -145,43 +146,43 @@ def test_time_fn_structure_and_arguments():
 
 
 def test_time_fn_measures_at_least_the_sleep():
-    t = bench.time_fn(time.sleep, 0.002, min_run_time=0.02)
+    t = timing.time_fn(time.sleep, 0.002, min_run_time=0.02)
     assert t.median >= 0.002  # sleep never returns early; no upper bound on a shared machine
 
 
 def test_time_fn_uses_torchs_thread_count():
     seen = []
-    bench.time_fn(lambda: seen.append(torch.get_num_threads()), min_run_time=0.01)
+    timing.time_fn(lambda: seen.append(torch.get_num_threads()), min_run_time=0.01)
     assert set(seen) == {torch.get_num_threads()}  # Timer alone would switch to one thread
 
 
 def test_timing_str_is_stable_after_sanitising():
-    a = bench.Timing(0.001234, 0.0001, 40, (0.001, 0.0012))
-    b = bench.Timing(0.2, 0.01, 3, (0.2,))
+    a = timing.Timing(0.001234, 0.0001, 40, (0.001, 0.0012))
+    b = timing.Timing(0.2, 0.01, 3, (0.2,))
     assert _sanitise(str(a)) == _sanitise(str(b)) == "~N ms (IQR ~N ms, ~N runs)"
 
 
 def test_time_fn_bad_input():
     with pytest.raises(ValueError, match="min_run_time must be a positive finite number, got 0"):
-        bench.time_fn(print, min_run_time=0)
+        timing.time_fn(print, min_run_time=0)
     with pytest.raises(ValueError, match="min_blocks must be positive, got 0"):
-        bench.time_fn(print, min_blocks=0)
+        timing.time_fn(print, min_blocks=0)
     with pytest.raises(TypeError, match="fn must be callable"):
-        bench.time_fn("not a function")
+        timing.time_fn("not a function")
 
 
 def test_compare_times_interleaves_rounds():
     order = []
     fns = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
-    t = bench.compare_times(fns, rounds=3, min_run_time=0.005)
+    t = timing.compare_times(fns, rounds=3, min_run_time=0.005)
     assert list(t) == ["a", "b"]
     assert all(len(t[name].times) >= 3 for name in fns)  # at least one block per round
     switches = sum(1 for x, y in itertools.pairwise(order) if x != y)
     assert switches >= 5  # a, b, a, b, a, b: measured in turns, not one after the other
     with pytest.raises(ValueError, match="fns must be a non-empty mapping"):
-        bench.compare_times({})
+        timing.compare_times({})
     with pytest.raises(TypeError, match=r"fns\['a'\] must be callable, got int"):
-        bench.compare_times({"a": 1})
+        timing.compare_times({"a": 1})
 
 
 # ----------------------------------------------------------------------------------------- table
@@ -274,10 +275,10 @@ def test_sweep_memory_slopes_quadratic_and_linear():
     assert table.columns == ["impl", "n", "peak_bytes"]
     assert table.column("peak_bytes", impl="square") == [n * n * 4 for n in sizes]
     assert table.column("peak_bytes", impl="line") == [n * 64 * 4 for n in sizes]
-    assert bench.loglog_fit(
-        sizes, table.column("peak_bytes", impl="square")
-    ).slope == pytest.approx(2.0)
-    assert bench.loglog_fit(sizes, table.column("peak_bytes", impl="line")).slope == pytest.approx(
+    assert fit.loglog_fit(sizes, table.column("peak_bytes", impl="square")).slope == pytest.approx(
+        2.0
+    )
+    assert fit.loglog_fit(sizes, table.column("peak_bytes", impl="line")).slope == pytest.approx(
         1.0
     )
 
@@ -348,11 +349,11 @@ def test_sweep_bad_input():
 
 def test_loglog_fit_recovers_a_power_law():
     x = [64, 128, 256, 512]
-    fit = bench.loglog_fit(x, [3.0 * v**2 for v in x])
-    assert fit.slope == pytest.approx(2.0)
-    assert fit.coefficient == pytest.approx(3.0)
-    assert fit(1000) == pytest.approx(3e6)
-    assert fit([1, 2]) == pytest.approx([3.0, 12.0])
+    f = fit.loglog_fit(x, [3.0 * v**2 for v in x])
+    assert f.slope == pytest.approx(2.0)
+    assert f.coefficient == pytest.approx(3.0)
+    assert f(1000) == pytest.approx(3e6)
+    assert f([1, 2]) == pytest.approx([3.0, 12.0])
 
 
 def test_loglog_fit_is_least_squares():
@@ -360,34 +361,32 @@ def test_loglog_fit_is_least_squares():
     import numpy as np
 
     slope, intercept = np.polyfit(np.log(x), np.log(y), 1)
-    fit = bench.loglog_fit(torch.tensor(x), torch.tensor(y))
-    assert fit.slope == pytest.approx(slope)
-    assert fit.coefficient == pytest.approx(np.exp(intercept))
+    f = fit.loglog_fit(torch.tensor(x), torch.tensor(y))
+    assert f.slope == pytest.approx(slope)
+    assert f.coefficient == pytest.approx(np.exp(intercept))
 
 
-def test_loglog_fit_lives_in_mha_fit_and_is_reexported():
-    # viz imports the fit from mha.fit; chapters import it from mha.bench. One function, both ways.
-    from mha import fit
-
-    assert bench.loglog_fit is fit.loglog_fit and bench.LogLogFit is fit.LogLogFit
+def test_loglog_fit_has_one_home():
+    # Chapters and mha.lab.charts both import it from mha.lab.fit; bench does not re-export it.
+    assert not hasattr(bench, "loglog_fit") and not hasattr(bench, "LogLogFit")
 
 
 def test_loglog_fit_bad_input():
     with pytest.raises(ValueError, match="y must hold positive finite numbers"):
-        bench.loglog_fit([1, 2], [1, 0])
+        fit.loglog_fit([1, 2], [1, 0])
     with pytest.raises(ValueError, match="x and y must have the same length, got 3 and 2"):
-        bench.loglog_fit([1, 2, 3], [1, 2])
+        fit.loglog_fit([1, 2, 3], [1, 2])
     with pytest.raises(ValueError, match="at least two distinct values"):
-        bench.loglog_fit([2, 2], [1, 3])
+        fit.loglog_fit([2, 2], [1, 3])
     with pytest.raises(TypeError, match="x must be a sequence of numbers"):
-        bench.loglog_fit(5, [1])
+        fit.loglog_fit(5, [1])
 
 
 def test_paired_ratio_is_the_median_of_pairs_and_sees_a_real_difference():
-    ratio, slow, fast = bench.paired_ratio(
+    ratio, slow, fast = timing.paired_ratio(
         lambda: time.sleep(0.004), lambda: time.sleep(0.001), pairs=3, min_run_time=0.01
     )
     assert ratio > 1.5  # 4 ms against 1 ms, whatever else the machine does
     assert slow.median > fast.median
     with pytest.raises(ValueError, match="pairs must be positive, got 0"):
-        bench.paired_ratio(time.time, time.time, pairs=0)
+        timing.paired_ratio(time.time, time.time, pairs=0)

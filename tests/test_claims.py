@@ -1,4 +1,4 @@
-"""mha.claims: one way to print, assert and record a measured claim; tools/robustness.py's table."""
+"""mha.lab.claims: one way to print, assert and record a measured claim; tools/robustness.py's table."""
 
 import json
 import math
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mha import claims
-from mha.claims import claim
+from mha.lab import claims
+from mha.lab.claims import claim
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 

@@ -9,7 +9,7 @@ from conftest import randn
 from torch.testing import assert_close
 
 import mha
-from mha import bench
+from mha.lab import memory
 
 
 def separate_projections(layer: mha.MultiHeadAttention, x: torch.Tensor) -> torch.Tensor:
@@ -131,11 +131,11 @@ def test_gqa_decode_step_does_not_allocate_the_repeated_heads():
     )
     repeated_bytes = 2 * 8 * 1024 * 64 * 4
     for fn in (mha.scaled_dot_product_attention, mha.flash_attention):
-        grouped = bench.peak_memory(fn, q, k, v, enable_gqa=True, warmup=False)
+        grouped = memory.peak_memory(fn, q, k, v, enable_gqa=True, warmup=False)
 
         def with_repeated_heads(fn=fn):
             return fn(q, k.repeat_interleave(8, 1), v.repeat_interleave(8, 1))
 
-        repeated = bench.peak_memory(with_repeated_heads, warmup=False)
+        repeated = memory.peak_memory(with_repeated_heads, warmup=False)
         assert repeated >= repeated_bytes
         assert grouped < repeated_bytes / 4, (fn.__name__, grouped)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import mha
-from mha.demo import format_error
+from mha.lab.demo import format_error
 
 
 def test_prints_type_and_message_and_goes_on(capsys):

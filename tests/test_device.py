@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mha import device, hardware
+from mha import device
+from mha.lab import hardware
 
 
 def fake_gpu(

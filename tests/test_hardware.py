@@ -1,4 +1,4 @@
-"""Tests for mha.hardware: the device report and which of torch's SDPA backends run."""
+"""Tests for mha.lab.hardware: the device report and which of torch's SDPA backends run."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from mha import hardware
+from mha.lab import hardware
 
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU's answers")
 BACKEND_NAMES = [name for name in SDPBackend.__members__ if name != "ERROR"]

@@ -8,7 +8,7 @@ from torch.testing import assert_close
 from torch.utils.flop_counter import FlopCounterMode
 
 import mha
-from mha.bench import peak_memory
+from mha.lab.memory import peak_memory
 from mha.linear_attention import elu_feature_map, linear_attention_weights
 
 

@@ -1,4 +1,5 @@
-"""Tests for mha.viz: every function draws what it says into the Axes it returns."""
+"""Tests for the lab's drawing modules (viz, charts, figures): each function draws what it says into
+the Axes it returns."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import pytest
 import torch
 from matplotlib.axes import Axes
 
-from mha import viz
 from mha.flash import tile_schedule
+from mha.lab import charts, figures, viz
 
 TOKENS = ["the", "cat", "eats", "fish"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,13 +35,17 @@ def _weights(*shape):
     return torch.softmax(torch.randn(*shape, generator=g), dim=-1)
 
 
-def test_viz_does_not_import_bench():
-    # viz needs only the log-log fit (mha.fit), not the timing and profiling machinery of bench.
-    code = "import sys, mha.viz; print('mha.bench' in sys.modules)"
+def test_drawing_does_not_import_the_measuring_instruments():
+    # The drawing modules need only the log-log fit (mha.lab.fit), not the timing and profiling
+    # machinery of timing, memory and bench.
+    code = (
+        "import sys, mha.lab.viz, mha.lab.charts, mha.lab.figures; "
+        "print(sorted({'mha.lab.bench', 'mha.lab.timing', 'mha.lab.memory'} & set(sys.modules)))"
+    )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
-    assert result.stdout.strip() == "False"
+    assert result.stdout.strip() == "[]"
 
 
 def _ticklabels(axis):
@@ -237,13 +242,13 @@ def test_mask_heatmap_bad_input():
 def test_loglog_curves_lines_scales_and_fitted_slopes():
     x = [256, 512, 1024, 2048]
     ys = {"naive": [v**2 / 1e4 for v in x], "flash": [v / 100 for v in x]}
-    ax = viz.loglog_curves(x, ys, ylabel="MiB", title="peak memory")
+    ax = charts.loglog_curves(x, ys, ylabel="MiB", title="peak memory")
     assert len(ax.get_lines()) == 2
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
     assert _ticklabels(ax.xaxis) == ["256", "512", "1024", "2048"]
     assert ax.get_ylabel() == "MiB" and ax.get_xlabel() == "sequence length"
 
-    ax = viz.loglog_curves(x, ys, fit=True)
+    ax = charts.loglog_curves(x, ys, fit=True)
     assert len(ax.get_lines()) == 4  # each curve and its dashed fit
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels == ["naive (slope 2.00)", "flash (slope 1.00)"]
@@ -253,7 +258,7 @@ def test_loglog_curves_lines_scales_and_fitted_slopes():
 
 
 def test_loglog_curves_skips_missing_points():
-    ax = viz.loglog_curves(
+    ax = charts.loglog_curves(
         [1, 2, 4], {"a": [1.0, 2.0, None], "b": torch.tensor([1.0, 4.0, 16.0])}, fit=True
     )
     assert list(ax.get_lines()[0].get_xdata()) == [1.0, 2.0]
@@ -262,11 +267,11 @@ def test_loglog_curves_skips_missing_points():
 
 def test_loglog_curves_bad_input():
     with pytest.raises(ValueError, match=r"ys\['a'\] has 2 values but x has 3"):
-        viz.loglog_curves([1, 2, 3], {"a": [1, 2]})
+        charts.loglog_curves([1, 2, 3], {"a": [1, 2]})
     with pytest.raises(TypeError, match="ys must be a non-empty mapping"):
-        viz.loglog_curves([1, 2], [[1, 2]])
+        charts.loglog_curves([1, 2], [[1, 2]])
     with pytest.raises(ValueError, match="y must hold positive finite numbers"):
-        viz.loglog_curves([1, 2], {"a": [1, 0]}, fit=True)
+        charts.loglog_curves([1, 2], {"a": [1, 0]}, fit=True)
 
 
 # ----------------------------------------------------------------------------------------- tiles
@@ -330,7 +335,7 @@ def test_tile_grid_bad_input():
 
 
 def test_grouped_bars_one_container_per_group_and_gaps():
-    ax = viz.grouped_bars(
+    ax = charts.grouped_bars(
         ["ch01", "ch02", "ch03"],
         {"CPU": [10.0, 20.0, 30.0], "H100": [2.0, None, 3.0]},
         ylabel="seconds",
@@ -346,16 +351,16 @@ def test_grouped_bars_one_container_per_group_and_gaps():
 
 def test_grouped_bars_bad_input():
     with pytest.raises(ValueError, match=r"groups\['a'\] has 1 values but there are 2 categories"):
-        viz.grouped_bars(["x", "y"], {"a": [1.0]})
+        charts.grouped_bars(["x", "y"], {"a": [1.0]})
     with pytest.raises(TypeError, match="groups must be a non-empty mapping"):
-        viz.grouped_bars(["x"], {})
+        charts.grouped_bars(["x"], {})
     with pytest.raises(TypeError, match="categories must be a sequence of labels"):
-        viz.grouped_bars("xy", {"a": [1.0, 2.0]})
+        charts.grouped_bars("xy", {"a": [1.0, 2.0]})
 
 
 def test_ratio_curves_with_target_line():
     x = [1024, 2048, 4096]
-    ax = viz.ratio_curves(x, {"D=64": [0.4, 0.6, None], "D=128": [0.7, 0.8, 0.9]}, target=0.5)
+    ax = charts.ratio_curves(x, {"D=64": [0.4, 0.6, None], "D=128": [0.7, 0.8, 0.9]}, target=0.5)
     assert len(ax.get_lines()) == 3  # two curves and the target
     assert list(ax.get_lines()[0].get_xdata()) == [1024.0, 2048.0]
     assert list(ax.get_lines()[2].get_ydata()) == [0.5, 0.5]
@@ -363,7 +368,7 @@ def test_ratio_curves_with_target_line():
     assert _ticklabels(ax.xaxis) == ["1024", "2048", "4096"]
     assert "target 0.5" in [t.get_text() for t in ax.get_legend().get_texts()]
     with pytest.raises(ValueError, match=r"ys\['a'\] has 1 values but x has 3"):
-        viz.ratio_curves(x, {"a": [1.0]})
+        charts.ratio_curves(x, {"a": [1.0]})
 
 
 # ---------------------------------------------------------------------------- mask panels, tiles
@@ -430,7 +435,7 @@ def test_mask_panels_and_tiles_bad_input():
 def test_quantile_band_median_line_and_band():
     x = [4, 16, 64]
     samples = torch.arange(1, 31, dtype=torch.float32).reshape(3, 10)  # (len(x), N)
-    ax = viz.quantile_band(x, samples, label="grad", marker="s-")
+    ax = charts.quantile_band(x, samples, label="grad", marker="s-")
     (line,) = ax.get_lines()
     assert list(line.get_xdata()) == x
     assert np.allclose(line.get_ydata(), samples.median(dim=1).values + 0.5)  # even N: mean of two
@@ -445,16 +450,16 @@ def test_quantile_band_median_line_and_band():
 
 def test_quantile_band_bad_input():
     with pytest.raises(ValueError, match=r"samples must have shape \(len\(x\), N\) = \(2, N\)"):
-        viz.quantile_band([1, 2], np.ones((3, 4)))
+        charts.quantile_band([1, 2], np.ones((3, 4)))
     with pytest.raises(ValueError, match="0.25 quantile of samples must be positive"):
-        viz.quantile_band([1, 2], np.zeros((2, 4)))
+        charts.quantile_band([1, 2], np.zeros((2, 4)))
     few_zeros = np.ones((2, 8))
     few_zeros[:, 0] = 0.0  # below the band: drawn without complaint
-    plt.close(viz.quantile_band([1, 2], few_zeros).figure)
+    plt.close(charts.quantile_band([1, 2], few_zeros).figure)
     with pytest.raises(ValueError, match="band must satisfy"):
-        viz.quantile_band([1, 2], np.ones((2, 4)), band=(0.8, 0.2))
+        charts.quantile_band([1, 2], np.ones((2, 4)), band=(0.8, 0.2))
     with pytest.raises(TypeError, match="ax must be a matplotlib Axes"):
-        viz.quantile_band([1, 2], np.ones((2, 4)), ax="left")
+        charts.quantile_band([1, 2], np.ones((2, 4)), ax="left")
 
 
 # ------------------------------------------------------------------------- the layer, drawn
@@ -469,7 +474,7 @@ def test_record_shapes_self_attention_and_the_layer_is_restored():
 
     layer = mha.MultiHeadAttention(6, 3)
     x = torch.randn(1, 3, 6, generator=torch.Generator().manual_seed(0))
-    shapes = viz.record_shapes(layer, x)
+    shapes = figures.record_shapes(layer, x)
     assert shapes["query"] == (1, 3, 6) and shapes["key"] is None and shapes["value"] is None
     assert shapes["q_proj"] == shapes["out_proj"] == (6, 6)
     assert shapes["q_projected"] == shapes["v_projected"] == (1, 3, 6)
@@ -488,7 +493,7 @@ def test_record_shapes_cross_attention_with_grouped_heads():
     g = torch.Generator().manual_seed(1)
     q, k = torch.randn(2, 4, 8, generator=g), torch.randn(2, 7, 5, generator=g)
     v = torch.randn(2, 7, 3, generator=g)
-    shapes = viz.record_shapes(layer, q, k, v)
+    shapes = figures.record_shapes(layer, q, k, v)
     assert shapes["key"] == (2, 7, 5) and shapes["value"] == (2, 7, 3)
     assert shapes["k_proj"] == (4, 5) and shapes["k_projected"] == (2, 7, 4)
     assert shapes["q"] == (2, 4, 4, 2) and shapes["k"] == shapes["v"] == (2, 2, 7, 2)
@@ -497,15 +502,15 @@ def test_record_shapes_cross_attention_with_grouped_heads():
 
 def test_record_shapes_rejects_other_modules():
     with pytest.raises(TypeError, match="layer must be an mha.MultiHeadAttention"):
-        viz.record_shapes(torch.nn.Linear(4, 4), torch.zeros(1, 2, 4))
+        figures.record_shapes(torch.nn.Linear(4, 4), torch.zeros(1, 2, 4))
 
 
 def test_layer_diagram_writes_the_recorded_shapes():
     import mha
 
     layer = mha.MultiHeadAttention(6, 3)
-    shapes = viz.record_shapes(layer, torch.zeros(1, 3, 6))
-    ax = viz.layer_diagram(shapes)
+    shapes = figures.record_shapes(layer, torch.zeros(1, 3, 6))
+    ax = figures.layer_diagram(shapes)
     texts = "\n".join(_texts(ax))
     assert "(B, L, E) = (1, 3, 6)" in texts
     assert texts.count("weight (6, 6)") == 4  # q, k, v and out projections
@@ -517,49 +522,49 @@ def test_layer_diagram_writes_the_recorded_shapes():
 def test_layer_diagram_elides_many_heads_and_rejects_bad_input():
     import mha
 
-    shapes = viz.record_shapes(mha.MultiHeadAttention(16, 8), torch.zeros(1, 2, 16))
-    ax = viz.layer_diagram(shapes, max_heads=4)
+    shapes = figures.record_shapes(mha.MultiHeadAttention(16, 8), torch.zeros(1, 2, 16))
+    ax = figures.layer_diagram(shapes, max_heads=4)
     heads = [t.split("\n")[0] for t in _texts(ax) if t.startswith("head ")]
     assert heads == ["head 0", "head 1", "head 7"] and "..." in _texts(ax)
     with pytest.raises(ValueError, match="record_shapes"):
-        viz.layer_diagram({"query": (1, 2, 3)})
+        figures.layer_diagram({"query": (1, 2, 3)})
     with pytest.raises(ValueError, match="max_heads"):
-        viz.layer_diagram(shapes, max_heads=1)
+        figures.layer_diagram(shapes, max_heads=1)
 
 
 def test_split_slots_names_token_and_feature_of_every_slot():
     ids = torch.arange(3 * 6).view(1, 3, 6)  # 3 tokens, E = 6
     wrong = ids.view(3, -1, 2)  # view without transpose: head 0 is token 0 alone
-    ax = viz.split_slots(wrong[0], embed_dim=6, token_names=["cat", "eats", "fish"], title="h0")
+    ax = figures.split_slots(wrong[0], embed_dim=6, token_names=["cat", "eats", "fish"], title="h0")
     assert sorted(_texts(ax)) == sorted(f"cat\nf{f}" for f in range(6))
     assert len(ax.patches) == 6 and ax.get_title() == "h0"
     right = ids.view(1, 3, 3, 2).transpose(1, 2)[0]
-    ax = viz.split_slots(right[1], embed_dim=6, token_names=["cat", "eats", "fish"])
+    ax = figures.split_slots(right[1], embed_dim=6, token_names=["cat", "eats", "fish"])
     expected = [f"{t}\nf{f}" for t in ("cat", "eats", "fish") for f in (2, 3)]
     assert sorted(_texts(ax)) == sorted(expected)
     with pytest.raises(ValueError, match="token_names has 1 names"):
-        viz.split_slots(right[1], embed_dim=6, token_names=["cat"])
+        figures.split_slots(right[1], embed_dim=6, token_names=["cat"])
     with pytest.raises(ValueError, match="2-D integer"):
-        viz.split_slots(torch.zeros(3, 2), embed_dim=6, token_names=["a"])
+        figures.split_slots(torch.zeros(3, 2), embed_dim=6, token_names=["a"])
 
 
 def test_kv_head_sharing_names_the_kv_head_of_each_query_head():
-    ax = viz.kv_head_sharing(8, {"MHA": 8, "GQA": 2, "MQA": 1})
+    ax = figures.kv_head_sharing(8, {"MHA": 8, "GQA": 2, "MQA": 1})
     grid = ax.images[0].get_array()
     assert grid.shape == (8, 3)
     assert list(grid[:, 0]) == list(range(8))
     assert list(grid[:, 1]) == [0, 0, 0, 0, 1, 1, 1, 1] and not grid[:, 2].any()
     assert "kv 7" in _texts(ax)
     with pytest.raises(ValueError, match="divisible"):
-        viz.kv_head_sharing(8, {"odd": 3})
+        figures.kv_head_sharing(8, {"odd": 3})
     with pytest.raises(TypeError, match="layouts"):
-        viz.kv_head_sharing(8, {})
+        figures.kv_head_sharing(8, {})
 
 
 def test_roofline_draws_measured_and_reference_roofs_and_points():
     points = {"matmul": (100.0, 2e10), "softmax": (0.6, 1e9)}
     refs = {"GPU (published)": (1e14, 1e12)}
-    ax = viz.roofline(points, peak=2e10, bandwidth=1e10, references=refs)
+    ax = figures.roofline(points, peak=2e10, bandwidth=1e10, references=refs)
     roof, ref, *markers = ax.get_lines()
     x, y = roof.get_data()
     # min(peak, bandwidth * I): the slope below the ridge (2 FLOP/byte), flat above it
@@ -571,8 +576,8 @@ def test_roofline_draws_measured_and_reference_roofs_and_points():
     assert legend == ["this machine (measured)", "GPU (published)", "matmul", "softmax"]
     assert ax.get_xscale() == ax.get_yscale() == "log"
     with pytest.raises(ValueError, match="peak"):
-        viz.roofline(points, peak=0, bandwidth=1e10)
+        figures.roofline(points, peak=0, bandwidth=1e10)
     with pytest.raises(ValueError, match="pair"):
-        viz.roofline({"bad": (1.0,)}, peak=1.0, bandwidth=1.0)
+        figures.roofline({"bad": (1.0,)}, peak=1.0, bandwidth=1.0)
     with pytest.raises(TypeError, match="points"):
-        viz.roofline({}, peak=1.0, bandwidth=1.0)
+        figures.roofline({}, peak=1.0, bandwidth=1.0)

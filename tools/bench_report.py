@@ -5,7 +5,8 @@
     python tools/bench_report.py --strict   # exit 1 when a target is missed
 
 Every line names what is compared, the measured ratio, its target and the times it comes from.
-The measurements use :mod:`mha.bench` (``torch.utils.benchmark`` timers, real peak memory).
+The measurements use :mod:`mha.lab.timing` (``torch.utils.benchmark`` timers) and
+:mod:`mha.lab.memory` (real peak memory).
 Timings on a shared machine vary: ratios are medians of alternating pairs where the claim is a
 speed-up, and the header line prints the load average so a busy run can be recognised.
 """
@@ -24,7 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import mha
-from mha.bench import MiB, Timing, compare_times, paired_ratio, peak_memory
+from mha.lab.memory import MiB, peak_memory
+from mha.lab.timing import Timing, compare_times, paired_ratio
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,7 @@ def run_chapter(path: Path) -> dict[str, object]:
 def triton_throughput(quick: bool) -> list[dict[str, object]]:
     """TFLOP/s of the chapter-6 kernel and of torch SDPA, float16 forward, on a CUDA GPU."""
     from mha import triton_flash
-    from mha.bench import time_fn
+    from mha.lab.timing import time_fn
 
     rows = []
     lengths = [1024, 2048] if quick else [1024, 2048, 4096, 8192, 16384]

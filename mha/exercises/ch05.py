@@ -13,7 +13,7 @@ from torch import Tensor
 import mha
 
 from .. import flash
-from ..hardware import sdpa_backends
+from ..lab.hardware import sdpa_backends
 from ._harness import Case, ExerciseError, as_mapping, exercise, prediction, publish, tr
 
 _ACC = "acc_new = exp(m - m_new) * acc + exp(scores - m_new) @ value"

@@ -1,9 +1,9 @@
 """Power-law fits on log-log axes: how fast a measured curve grows.
 
 :func:`loglog_fit` fits ``y ≈ c · x**slope``; the slope is what the course reads off its curves
-(slope 2 for memory that grows like ``L²``, slope 1 for ``L``). It lives in a module of its own so
-that :mod:`mha.bench` (which measures the curves) and :mod:`mha.viz` (which draws them) can both
-use it without one importing the other.
+(slope 2 for memory that grows like ``L²``, slope 1 for ``L``). It lives in a module of its own:
+chapters fit the columns of a :mod:`mha.lab.bench` table with it, and :mod:`mha.lab.charts`
+draws the fitted lines, without either importing the other.
 """
 
 from __future__ import annotations

@@ -6,10 +6,13 @@ call from the inputs (device, dtype, shapes, mask, dropout) and the hardware. Th
 which of them *can* run for given inputs by forcing each one in turn with
 ``torch.nn.attention.sdpa_kernel`` and recording either success or the reason torch gives.
 
-* :func:`capabilities` — the one decision of which dtypes and kernels to use on a device.
 * :func:`device_report` — device name, compute capability, torch/CUDA versions, fp16/bf16/TF32.
 * :func:`sdpa_backends` — which backends run for one set of SDPA arguments, and which torch picks.
 * :func:`hardware_report` — both, over a few typical inputs, as one table.
+
+Which dtypes and kernels the course *uses* on a device is decided in one place, by
+:func:`mha.device.capabilities` (the Triton kernels need that decision too); the reports here
+describe what the device and torch offer.
 
 Every report has a fixed-format ``str()``. On the CPU it shows only what does not depend on the
 particular processor (its instruction set and thread count are attributes of
@@ -29,18 +32,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import validation as validate
-from .device import Capabilities, capabilities
-from .device import resolve_device as _as_device
+from .. import validation as validate
+from ..device import capabilities as _capabilities
+from ..device import resolve_device as _resolve_device
 
 __all__ = [
     "BackendReport",
     "BackendStatus",
-    "Capabilities",
     "DeviceReport",
     "DtypeSupport",
     "HardwareReport",
-    "capabilities",
     "default_cases",
     "device_report",
     "hardware_report",
@@ -163,7 +164,7 @@ def _dtype_support(device: torch.device) -> tuple[DtypeSupport, ...]:
         True,
         "tensor cores" if tensor_cores else "no tensor cores before compute capability 7.0",
     )
-    caps = capabilities(device)  # the one decision of what is native here
+    caps = _capabilities(device)  # the one decision of what is native here
     if caps.bfloat16:
         bf16 = DtypeSupport("bfloat16", True, "tensor cores")
     else:
@@ -194,7 +195,7 @@ def device_report(device: str | torch.device | None = None) -> DeviceReport:
     Returns:
         A :class:`DeviceReport`.
     """
-    dev = _as_device(device)
+    dev = _resolve_device(device)
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     common: dict[str, Any] = {
         "torch_version": torch.__version__,
@@ -439,7 +440,7 @@ def default_cases(device: str | torch.device | None = None) -> dict[str, dict[st
         case name -> keyword arguments for :func:`sdpa_backends`: float32 without a mask, causal,
         with a bool mask; float16 causal; bfloat16; dropout; head dim 128 vs 64 for the value.
     """
-    dev = _as_device(device)
+    dev = _resolve_device(device)
     g = torch.Generator().manual_seed(0)
 
     def qkv(dtype: torch.dtype = torch.float32, dv: int = 64) -> dict[str, Tensor]:
@@ -528,7 +529,7 @@ def hardware_report(
     Returns:
         A :class:`HardwareReport`; ``print(report)`` shows it as text.
     """
-    dev = _as_device(device)
+    dev = _resolve_device(device)
     if cases is None:
         cases = default_cases(dev)
     if not isinstance(cases, Mapping):
