@@ -1,15 +1,19 @@
 """The one harness every exercise runs on: an exercise is data, one runner checks every answer.
 
-An :class:`Exercise` holds a reference (built on PyTorch's own operators where possible), input
-cases, tolerances and its known mistakes: small functions giving the typical wrong answer, each
-paired with its hint. :meth:`Exercise.check` calls the learner's code on every case and compares
-with the reference; on a mismatch it names the first mistake that reproduces the learner's output,
-else the generic hint. Crashes, NaN, wrong shapes or dtypes and non-tensors read the same
-everywhere; what is not "call the answer and compare" brings a ``custom`` check.
+An :class:`Exercise` is the one way to declare an exercise. It holds a reference (built on
+PyTorch's own operators where possible), input cases, tolerances, its correct ``variants`` (answers
+written unlike the reference, which the checker must accept) and its known ``mistakes``
+(``(wrong answer, hint)`` pairs, which it must reject with that hint); the tests are generated from
+them. :meth:`Exercise.check` calls the learner's code on every case and compares with the
+reference; on a mismatch it names the first mistake that reproduces the learner's output, else the
+generic hint. Crashes, NaN, wrong shapes or dtypes and non-tensors read the same everywhere; what
+is not "call the answer and compare" brings a ``custom`` check. A prediction (``prediction=True``)
+is a value: its reference returns the true answer, and its variants and mistakes map the truth to
+an answer. A hint too long for its line is a named constant just above the exercise.
 
-The chapters build exercises with :func:`exercise` and :func:`prediction`, whose known mistakes
-follow the cases as ``(wrong answer, hint)`` pairs, one a line; a hint too long for its line is a
-named constant just above the exercise (so ``ruff format`` keeps the table as written).
+Functions an exercise bans (``forbidden``) are caught by identity, however the learner reached
+them (an alias, ``from ... import``, a helper of their own): :func:`watch` follows every call the
+answer makes.
 
 Every fixed text a learner reads goes through :func:`tr`, which looks it up in the catalogue of
 the chosen language (:func:`set_language`, or the environment variable ``MHA_LANG`` read on
@@ -22,15 +26,18 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import BuiltinFunctionType, FunctionType, MethodDescriptorType
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 import mha
 
@@ -104,6 +111,12 @@ class Mistake(NamedTuple):
 
     fn: Callable[..., Any]
     hint: str
+
+
+class Lazy(NamedTuple):
+    """A variant or mistake built on first use, such as a Triton kernel (Triton is optional)."""
+
+    build: Callable[[], Any]
 
 
 @dataclass(frozen=True)
@@ -184,27 +197,57 @@ def difference(
     return None
 
 
-@contextlib.contextmanager
-def forbid(targets: Sequence[tuple[object, str]], message: str) -> Iterator[None]:
-    """Replace ``getattr(owner, name)`` for each pair by a tripwire raising ``ExerciseError``."""
+class _Banned(TorchFunctionMode):
+    """Sees every torch function called while it is active, however it was reached (an alias,
+    ``functools.partial``, a method): the torch half of :func:`watch`."""
 
-    def tripwire(*args: object, **kwargs: object) -> None:
+    def __init__(self, banned: Sequence[Callable[..., Any]], trip: Callable[[], None]) -> None:
+        super().__init__()
+        self.banned, self.trip = banned, trip
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if any(func is b for b in self.banned):
+            self.trip()
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def watch(banned: Sequence[Callable[..., Any]], message: str) -> Iterator[None]:
+    """Raise ``ExerciseError(message)`` if the code run inside calls one of the ``banned``
+    functions, compared by identity, never by name: Python functions by their code object (a
+    profile hook sees every call), torch's C functions and methods by a ``TorchFunctionMode`` and
+    by the hook's C calls. An answer that catches the error is still rejected on the way out."""
+    if not banned:
+        yield
+        return
+    functions = [inspect.unwrap(f) for f in banned]  # a decorator's wrapper calls the original
+    codes = {id(f.__code__) for f in functions if isinstance(f, FunctionType)}
+    builtins = {f for f in banned if isinstance(f, BuiltinFunctionType)}
+    methods = {f.__name__: f.__objclass__ for f in banned if isinstance(f, MethodDescriptorType)}
+    tripped: list[bool] = []
+
+    def trip() -> None:
+        tripped.append(True)
         raise ExerciseError(message)
 
-    # (owner, name, own attribute or None if inherited): restoring leaves no trace
-    saved = [
-        (owner, name, vars(owner).get(name)) for owner, name in targets if hasattr(owner, name)
-    ]
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and id(frame.f_code) in codes:
+            trip()
+        elif event == "c_call" and (
+            arg in builtins
+            or isinstance(getattr(arg, "__self__", None), methods.get(arg.__name__, ()))
+        ):
+            trip()  # a method of a tensor: x.softmax(...) reaches here bound to x
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
     try:
-        for owner, name, _ in saved:
-            setattr(owner, name, tripwire)
-        yield
+        with _Banned(banned, trip):
+            yield
     finally:
-        for owner, name, original in saved:
-            if original is None:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
+        sys.setprofile(previous)
+    if tripped:
+        raise ExerciseError(message)
 
 
 @dataclass(frozen=True)
@@ -217,7 +260,10 @@ class Exercise:
     # of no argument returning the true answer.
     reference: Callable[..., Any] | None
     cases: Callable[[], Iterable[Case]] = lambda: [Case("your prediction")]  # built on demand
-    mistakes: Sequence[Mistake] = ()  # tried in order
+    # Correct answers written unlike the reference (at least two), and typical wrong answers with
+    # their hints, tried in order: in a prediction, functions of the true answer.
+    variants: Sequence[Any] = ()
+    mistakes: Sequence[Mistake | tuple[Any, str]] = ()
     hint: str | Mapping[str, str] | Callable[[str], str] = ""  # generic, or one per output name
     crash_hint: str = ""  # when the learner's code raises an error no mistake explains
     atol: float = 1e-5
@@ -228,14 +274,21 @@ class Exercise:
     report_all: bool = False  # report every wrong part, not only the first
     call: Callable[[Any, Case], Any] | None = None  # the output of an answer, if not answer(*args)
     convert: Callable[[Any], Any] | None = None  # normalises an output or rejects its type
-    # Library functions the answer must not call (or be) where the exercise is to write them:
-    # (owner, attribute name) pairs, and what the learner reads when it does.
-    forbidden: Sequence[tuple[object, str]] = ()
+    # Functions the answer must not call (the library's version of what it is to write), caught
+    # by identity however they are reached (see watch), and what the learner reads then.
+    forbidden: Sequence[Callable[..., Any]] = ()
     forbidden_hint: str = ""
     custom: Callable[[Any], str] | None = None  # a check of its own; returns the success detail
-    solution: Any = None  # an answer the checker accepts, when the reference is not one
-    params: tuple[str, ...] = ("fn",)  # the public checker's parameters (several: a tuple answer)
+    # The public checker's parameters (several: a tuple answer); a prediction's default to its
+    # outputs' names.
+    params: tuple[str, ...] = ()
     doc: str = ""  # the public checker's docstring
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mistakes", tuple(Mistake(*m) for m in self.mistakes))
+        if not self.params:
+            params = (self.outputs or ("answer",)) if self.prediction else ("fn",)
+            object.__setattr__(self, "params", params)
 
     def check(self, answer: object) -> None:
         """Print the success line, or "not attempted yet" for a stub; raise ``ExerciseError``
@@ -275,23 +328,29 @@ class Exercise:
         vars(check)["__signature__"] = signature  # what inspect.signature and help() show
         return check
 
+    def as_answer(self, declared: Any) -> Any:
+        """A declared variant or mistake as an answer to the checker."""
+        declared = declared.build() if isinstance(declared, Lazy) else declared
+        return declared(self._truth()) if self.prediction else declared
+
+    def right_answers(self) -> list[Any]:
+        """Every declared variant as an answer the checker must accept (the tests try them)."""
+        return [self.as_answer(v) for v in self.variants]
+
     def accepted_answer(self) -> object:
-        """An answer the checker accepts (the tests try it)."""
-        if self.solution is not None:
-            return self.solution
-        return self._truth() if self.prediction else self.reference
+        """An answer the checker accepts: the first variant."""
+        return self.right_answers()[0]
 
     def wrong_answers(self) -> list[tuple[object, str]]:
         """Every known mistake as an answer to the checker, with its hint (the tests try them)."""
-        truth = self._truth() if self.prediction else None
-        return [(m.fn(truth) if self.prediction else m.fn, m.hint) for m in self.mistakes]
+        return [(self.as_answer(fn), hint) for fn, hint in self.mistakes]
 
     def texts(self) -> list[str]:
         """The fixed texts a learner may read from this checker (their translations are in the
         catalogues); texts made from values go through :func:`tr` where they are made."""
         hints = list(self.hint.values()) if isinstance(self.hint, Mapping) else [self.hint]
         fixed = [self.success, *hints, self.crash_hint, self.forbidden_hint]
-        fixed += [m.hint for m in self.mistakes]
+        fixed += [hint for _, hint in self.mistakes]
         if self.prediction:  # the label of the default case, "your prediction"
             fixed += [case.label for case in self.cases()]
         return list(dict.fromkeys(t for t in fixed if isinstance(t, str) and t))
@@ -302,9 +361,6 @@ class Exercise:
         return self.reference(*args, **kwargs)
 
     def _run(self, answer: object) -> str:
-        forbidden = f"{self.name}: {tr(self.forbidden_hint)}"
-        if any(answer is getattr(owner, name, None) for owner, name in self.forbidden):
-            raise ExerciseError(forbidden)
         want = None
         for index, case in enumerate(self.cases()):
             if case.expected is not None:
@@ -312,7 +368,7 @@ class Exercise:
             else:
                 want = self._truth(*case.args, **case.kwargs)
                 want = self.convert(want) if self.prediction and self.convert else want
-            with forbid(self.forbidden, forbidden):
+            with watch(self.forbidden, f"{self.name}: {tr(self.forbidden_hint)}"):
                 got = self._output(answer, case)
             if index == 0 and (
                 got is None or isinstance(got, _Raised) and isinstance(got.err, NotImplementedError)
@@ -437,7 +493,12 @@ def as_shape(value: object, what: str) -> tuple[int, ...]:
 
 
 #: Where an exercise is to write attention, the ready-made ones it must not call.
-NO_SDPA = ((F, "scaled_dot_product_attention"), (mha, "scaled_dot_product_attention"))
+NO_SDPA = (
+    F.scaled_dot_product_attention,
+    F.multi_head_attention_forward,
+    mha.scaled_dot_product_attention,
+    mha.flash_attention,
+)
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor | None = None, **slip: Any) -> Tensor:
@@ -448,40 +509,10 @@ def attend(q: Tensor, k: Tensor, v: Tensor | None = None, **slip: Any) -> Tensor
     return weights if v is None else weights @ v  # (..., L, Dv)
 
 
-def exercise(
-    name: str,
-    success: str | Callable[[Any], str],
-    reference: Callable[..., Any] | None,
-    cases: Callable[[], Iterable[Case]],
-    *mistakes: tuple[Callable[..., Any], str],
-    **options: Any,
-) -> Exercise:
-    """An :class:`Exercise` whose known mistakes follow its cases as ``(wrong answer, hint)`` pairs."""
-    known = tuple(Mistake(*m) for m in mistakes)
-    return Exercise(name, success, reference, cases, known, **options)
-
-
-def prediction(
-    name: str,
-    success: str | Callable[[Any], str],
-    truth: Callable[[], Any],
-    *mistakes: tuple[Callable[[Any], Any], str],
-    **options: Any,
-) -> Exercise:
-    """A prediction: ``truth()`` is the right answer and each mistake maps it to a wrong one. The
-    checker's parameters are the answer's parts, ``outputs``, unless ``params`` says otherwise."""
-    options.setdefault("params", options.get("outputs") or ("answer",))
-    known = tuple(Mistake(*m) for m in mistakes)
-    return Exercise(name, success, truth, mistakes=known, prediction=True, **options)
-
-
-def publish(
-    namespace: dict[str, Any], exercises: Iterable[Exercise] | None = None
-) -> tuple[Exercise, ...]:
-    """Define each exercise's public checker, ``check_*``, in ``namespace`` (a module's globals).
-    Without ``exercises``: every :class:`Exercise` defined there, returned in definition order."""
-    found = [v for v in namespace.values() if isinstance(v, Exercise)]
-    exercises = tuple(found if exercises is None else exercises)
+def publish(namespace: dict[str, Any]) -> tuple[Exercise, ...]:
+    """Define the public checker, ``check_*``, of every :class:`Exercise` in ``namespace`` (a
+    chapter module's globals); return the exercises in definition order."""
+    exercises = tuple(v for v in namespace.values() if isinstance(v, Exercise))
     for ex in exercises:
         namespace[ex.name] = ex.checker()
     return exercises

@@ -166,6 +166,7 @@ MESSAGES: dict[str, str] = {
     "Against (B, H, L, S) scores a (B, S) mask is read as (L, S): return (B, 1, 1, S).": "对于(B, H, L, S)的分数，(B, S)的掩码会被当作(L, S)：请返回(B, 1, 1, S)。",
     "That shape masks queries (rows); padding hides *keys*: (B, 1, 1, S).": "这个形状掩盖的是查询（行）；填充隐藏的是*键*：(B, 1, 1, S)。",
     "Return a bool tensor: a 1/0 float mask is *added* to the scores and masks nothing.": "请返回bool张量：1/0的浮点掩码会被*加*到分数上，什么也掩盖不了。",
+    "build the mask yourself, without mha.padding_mask.": "请自己构造这个掩码，不要调用mha.padding_mask。",
     # check_causal_mask
     "(L, S) bool, True on and below the diagonal": "(L, S)的bool掩码，对角线及其下方为True",
     "Query i may attend to keys j <= i.": "查询i可以关注键j <= i。",
@@ -186,6 +187,7 @@ MESSAGES: dict[str, str] = {
     "Expected softmax(q @ kᵀ / sqrt(D), masked where keep is False) @ v.": "应为softmax(q @ kᵀ / sqrt(D)，在keep为False处掩盖) @ v。",
     "The gradient is wrong: mask with torch operations.": "梯度不对：用torch运算来做掩码。",
     "write the masked softmax yourself, without a ready-made attention.": "自己写出带掩码的softmax，不要调用现成的注意力函数。",
+    "Take D from the inputs, q.shape[-1]: a fixed head dimension is right for one size only.": "从输入中取D，即q.shape[-1]：固定的头维度只对一种大小成立。",
     "With a finite fill a query with no key averages the hidden keys: zero rows with no key.": "用有限值填充时，没有可见键的查询会对被隐藏的键求平均：没有键的行应为零。",
     "-1e9 overflows float16 (max 65504): fill with float('-inf') or finfo(dtype).min.": "-1e9在float16中溢出（最大值65504）：用float('-inf')或finfo(dtype).min填充。",
     "A forward NaN flows back even after nan_to_num or * 0: never softmax an all -inf row.": "前向传播中的NaN即使经过nan_to_num或* 0也会反向流回：绝不要对全为-inf的行做softmax。",
@@ -267,8 +269,9 @@ MESSAGES: dict[str, str] = {
     "exp overflowed: subtract the row maximum, tl.max(x, axis=0), before tl.exp.": "exp溢出了：在tl.exp之前减去行的最大值tl.max(x, axis=0)。",
     "lanes past n_cols count in your sum: load them with other=-float('inf').": "超出n_cols的通道被计入了你的和：用other=-float('inf')加载它们。",
     "row r starts at X + r * stride_x, not X + r * n_cols.": "第r行从X + r * stride_x开始，而不是X + r * n_cols。",
+    "row r of Y starts at Y + r * stride_y, not Y + r * n_cols.": "Y的第r行从Y + r * stride_y开始，而不是Y + r * n_cols。",
+    "Keep the signature (X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr).": "请保留签名(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr)。",
     "each row must be exp(x - max) / sum(exp(x - max)) over its own n_cols values.": "每一行都必须是在它自己的n_cols个值上的exp(x - max) / sum(exp(x - max))。",
-    "{label} raised {kind}: {first}. Keep the signature (X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr).": "{label}抛出了{kind}: {first}。请保留签名(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr)。",
     "ragged rows, large logits and strided rows all right": "不完整的行、大的logits和带步长的行全部正确",
     # --- Chapter 7 ---------------------------------------------------------------------------------
     # check_softmax_backward
@@ -278,6 +281,7 @@ MESSAGES: dict[str, str] = {
     "The rowsum term is missing: every weight of a row depends on every score of it (the -p pᵀ part of the Jacobian). Row by row, dS_i = J_i dP_i with J_i = diag(p_i) - p_i p_iᵀ, that is dS = P * (dP - (P * dP).sum(-1, keepdim=True)).": "缺少逐行求和项：一行中的每个权重都依赖于这一行的每个分数（雅可比矩阵中的-p pᵀ部分）。逐行来看，dS_i = J_i dP_i，其中J_i = diag(p_i) - p_i p_iᵀ，即dS = P * (dP - (P * dP).sum(-1, keepdim=True))。",
     "Sum over the keys (dim -1): each query row is its own softmax. Row by row, dS_i = J_i dP_i with J_i = diag(p_i) - p_i p_iᵀ, that is dS = P * (dP - (P * dP).sum(-1, keepdim=True)).": "沿键的方向（dim -1）求和：每个查询行是它自己的softmax。逐行来看，dS_i = J_i dP_i，其中J_i = diag(p_i) - p_i p_iᵀ，即dS = P * (dP - (P * dP).sum(-1, keepdim=True))。",
     "Multiply by P: the diagonal of the Jacobian is p_i, not 1. Row by row, dS_i = J_i dP_i with J_i = diag(p_i) - p_i p_iᵀ, that is dS = P * (dP - (P * dP).sum(-1, keepdim=True)).": "乘以P：雅可比矩阵的对角线是p_i，而不是1。逐行来看，dS_i = J_i dP_i，其中J_i = diag(p_i) - p_i p_iᵀ，即dS = P * (dP - (P * dP).sum(-1, keepdim=True))。",
+    "compute dS with the formula, without autograd (torch.autograd.grad, .backward(), torch.func).": "用公式计算dS，不要使用autograd（torch.autograd.grad、.backward()、torch.func）。",
     # check_attention_backward
     "dQ, dK and dV equal autograd's through torch's SDPA (float64, L = S and L ≠ S)": "dQ、dK和dV与autograd经过torch的SDPA算出的一致（float64，L = S和L ≠ S）",
     "dq is wrong. dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P * (dP - D) with D = rowsum(dO * O), dQ = dS·K·scale, dK = dSᵀ·Q·scale.": "dq不对。dV = Pᵀ·dO，dP = dO·Vᵀ，dS = P * (dP - D)，其中D = rowsum(dO * O)，dQ = dS·K·scale，dK = dSᵀ·Q·scale。",
@@ -297,6 +301,8 @@ MESSAGES: dict[str, str] = {
     "A softmax over the tile divides by this tile's sum; the row's sum over *all* keys is exp(lse), which is what the forward pass saved. P_tile = exp(q_tile·k_tileᵀ·scale - lse[..., None]): lse is one number per row.": "在分块上做softmax除以的是这个分块的和；这一行在*所有*键上的和是exp(lse)，这正是前向传播保存下来的。P_tile = exp(q_tile·k_tileᵀ·scale - lse[..., None])：lse是每行一个数。",
     "Scale the scores as the forward pass did. P_tile = exp(q_tile·k_tileᵀ·scale - lse[..., None]): lse is one number per row.": "像前向传播那样缩放分数。P_tile = exp(q_tile·k_tileᵀ·scale - lse[..., None])：lse是每行一个数。",
     "Subtract lse: exp(s - lse) = exp(s) / sum_j exp(s_j). P_tile = exp(q_tile·k_tileᵀ·scale - lse[..., None]): lse is one number per row.": "减去lse：exp(s - lse) = exp(s) / sum_j exp(s_j)。P_tile = exp(q_tile·k_tileᵀ·scale - lse[..., None])：lse是每行一个数。",
+    "exp of a large score overflows (inf / inf = NaN): subtract lse inside the exp, exp(s - lse), never divide exp(s) by exp(lse). P_tile = exp(q_tile·k_tileᵀ·scale - lse[..., None]): lse is one number per row.": "大分数的exp会溢出（inf / inf = NaN）：在exp里面减去lse，即exp(s - lse)，不要用exp(s)除以exp(lse)。P_tile = exp(q_tile·k_tileᵀ·scale - lse[..., None])：lse是每行一个数。",
+    "Use the scale you are given: the forward pass need not have used 1/sqrt(D). P_tile = exp(q_tile·k_tileᵀ·scale - lse[..., None]): lse is one number per row.": "使用传给你的scale：前向传播用的不一定是1/sqrt(D)。P_tile = exp(q_tile·k_tileᵀ·scale - lse[..., None])：lse是每行一个数。",
     # check_memory_prediction
     "B·H·L·S numbers of 4 bytes each, divided by 2**20.": "B·H·L·S个数，每个4字节，再除以2**20。",
     "The saved (L, S) weights have L·S = L² entries: doubling L multiplies them by 4.": "保存下来的(L, S)权重有L·S = L²个元素：L加倍，它们就变为4倍。",
@@ -324,6 +330,8 @@ MESSAGES: dict[str, str] = {
     "An average weighs both splits alike; a split whose keys score higher must count more, by its softmax mass exp(lse_i). Each partial was divided by its own sum exp(lse_i); the whole row's sum is exp(lse) with lse = logsumexp(lse1, lse2), so out = exp(lse1 - lse)·out1 + exp(lse2 - lse)·out2 (lse_i broadcast over Dv with [..., None]).": "求平均会同等看待两个拆分；键的分数更高的那个拆分必须按它的softmax质量exp(lse_i)占更大的比重。每个部分结果都除以了它自己的和exp(lse_i)；整行的和是exp(lse)，其中lse = logsumexp(lse1, lse2)，所以out = exp(lse1 - lse)·out1 + exp(lse2 - lse)·out2（lse_i用[..., None]在Dv上广播）。",
     "exp(lse) overflows for large scores (inf / inf = NaN): subtract the largest lse (or the total logsumexp) before exp, as softmax does. Each partial was divided by its own sum exp(lse_i); the whole row's sum is exp(lse) with lse = logsumexp(lse1, lse2), so out = exp(lse1 - lse)·out1 + exp(lse2 - lse)·out2 (lse_i broadcast over Dv with [..., None]).": "分数很大时exp(lse)会溢出（inf / inf = NaN）：在exp之前减去最大的lse（或总的logsumexp），就像softmax那样。每个部分结果都除以了它自己的和exp(lse_i)；整行的和是exp(lse)，其中lse = logsumexp(lse1, lse2)，所以out = exp(lse1 - lse)·out1 + exp(lse2 - lse)·out2（lse_i用[..., None]在Dv上广播）。",
     "After shifting by the maximum the weights exp(lse_i - m) no longer sum to 1: divide by their sum (or shift by the total lse instead). Each partial was divided by its own sum exp(lse_i); the whole row's sum is exp(lse) with lse = logsumexp(lse1, lse2), so out = exp(lse1 - lse)·out1 + exp(lse2 - lse)·out2 (lse_i broadcast over Dv with [..., None]).": "减去最大值之后，权重exp(lse_i - m)之和不再是1：除以它们的和（或者改为减去总的lse）。每个部分结果都除以了它自己的和exp(lse_i)；整行的和是exp(lse)，其中lse = logsumexp(lse1, lse2)，所以out = exp(lse1 - lse)·out1 + exp(lse2 - lse)·out2（lse_i用[..., None]在Dv上广播）。",
+    "Shift by the largest lse (or the total), not by lse1: a split that saw no key has lse1 = -inf, and exp(lse2 - lse1) = inf gives inf / inf = NaN. Each partial was divided by its own sum exp(lse_i); the whole row's sum is exp(lse) with lse = logsumexp(lse1, lse2), so out = exp(lse1 - lse)·out1 + exp(lse2 - lse)·out2 (lse_i broadcast over Dv with [..., None]).": "减去最大的lse（或总的logsumexp），而不是lse1：一个没看到任何键的分段的lse1 = -inf，exp(lse2 - lse1) = inf，得到inf / inf = NaN。每个部分结果都除以了它自己的和exp(lse_i)；整行的和是exp(lse)，其中lse = logsumexp(lse1, lse2)，所以out = exp(lse1 - lse)·out1 + exp(lse2 - lse)·out2（lse_i用[..., None]在Dv上广播）。",
+    "lse_i holds one number per query row: give it a last dim of 1, lse_i[..., None], so that it broadcasts over Dv; unsqueezed elsewhere it weighs the wrong entries. Each partial was divided by its own sum exp(lse_i); the whole row's sum is exp(lse) with lse = logsumexp(lse1, lse2), so out = exp(lse1 - lse)·out1 + exp(lse2 - lse)·out2 (lse_i broadcast over Dv with [..., None]).": "lse_i是每个查询行一个数：给它加上大小为1的最后一维，即lse_i[..., None]，让它在Dv上广播；在别处加维度会给错误的元素加权。每个部分结果都除以了它自己的和exp(lse_i)；整行的和是exp(lse)，其中lse = logsumexp(lse1, lse2)，所以out = exp(lse1 - lse)·out1 + exp(lse2 - lse)·out2（lse_i用[..., None]在Dv上广播）。",
     # check_page_lookup
     "every (sequence, position) lands in its pool slot": "每个（序列, 位置）都落在它在池中的槽位上",
     "Position t is in logical block t // block_size at offset t % block_size; the table maps the logical block to a physical one: block_table[seq][t // block_size] * block_size + t % block_size.": "位置t位于逻辑块t // block_size中、偏移为t % block_size处；块表把逻辑块映射到物理块：block_table[seq][t // block_size] * block_size + t % block_size。",

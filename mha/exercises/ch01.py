@@ -7,11 +7,14 @@ import math
 from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._harness import NO_SDPA, Case, ExerciseError, attend, exercise, prediction, publish, tr
+import mha
+
+from ._harness import NO_SDPA, Case, Exercise, ExerciseError, attend, publish, tr
 
 # The seed's "猫 吃 鱼" example: three tokens with 2-dimensional embeddings, Q = K = V = X.
 CAT_EATS_FISH = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])  # (L, E) = (3, 2)
@@ -51,23 +54,42 @@ _SQRT_D = "divide the scores by sqrt(D), D = query.shape[-1]"
 _ROWS = "Each query (a row) spreads its weight over the keys: softmax over dim=-1."
 _HARD = "This is a hard lookup; softmax gives every key a positive weight."
 _SCALED = "These are scaled scores, not weights: apply a softmax over dim=-1."
-LOOKUP_WEIGHTS = exercise(
+_NO_READY_MADE = "compute the weights yourself, without a ready-made attention."
+LOOKUP_WEIGHTS = Exercise(
     "check_lookup_weights",
     "every query spreads a total weight of 1 over the keys",
     _lookup_reference,
     _lookup_cases,
-    (partial(attend, scale=1.0), f"The scale is missing: {_SQRT_D}."),
-    (lambda q, k: attend(q, k, scale=1 / q.shape[-1]), "You divided by D; the scale is 1/sqrt(D)."),
-    (partial(attend, dim=-2), _ROWS),
-    (partial(attend, scale=1.0, dim=-2), f"Softmax over the keys (dim=-1), and {_SQRT_D}."),
-    (lambda q, k: q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), _SCALED),
-    (lambda q, k: q @ k.mT, f"These are raw scores: {_SQRT_D}, then softmax over dim=-1."),
-    (partial(attend, weigh=_hard), _HARD),
+    variants=(
+        attend,
+        lambda q, k: (q @ k.mT * q.shape[-1] ** -0.5).softmax(-1),
+        lambda q, k: (
+            torch.einsum("...ld,...sd->...ls", q.double(), k.double())
+            .div(math.sqrt(q.shape[-1]))
+            .softmax(-1)
+        ),
+    ),
+    mistakes=(
+        (partial(attend, scale=1.0), f"The scale is missing: {_SQRT_D}."),
+        (
+            lambda q, k: attend(q, k, scale=1 / q.shape[-1]),
+            "You divided by D; the scale is 1/sqrt(D).",
+        ),
+        (partial(attend, dim=-2), _ROWS),
+        (partial(attend, scale=1.0, dim=-2), f"Softmax over the keys (dim=-1), and {_SQRT_D}."),
+        (lambda q, k: q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), _SCALED),
+        (lambda q, k: q @ k.mT, f"These are raw scores: {_SQRT_D}, then softmax over dim=-1."),
+        (partial(attend, weigh=_hard), _HARD),
+        (_lookup_reference, _NO_READY_MADE),
+        (
+            lambda q, k: mha.scaled_dot_product_attention(q, k, k, return_weights=True)[1],
+            _NO_READY_MADE,
+        ),
+    ),
     hint="Expected softmax(query @ key^T / sqrt(D)) over the last axis.",
     crash_hint="Transpose with key.transpose(-2, -1) (not key.T) so leading batch dims stay put.",
     forbidden=NO_SDPA,
-    forbidden_hint="compute the weights yourself, without a ready-made attention.",
-    solution=attend,
+    forbidden_hint=_NO_READY_MADE,
     doc="Check ``fn(query (..., L, D), key (..., S, D)) -> weights (..., L, S)`` of a soft lookup.",
 )
 
@@ -89,23 +111,38 @@ def _seed_head_cases() -> list[Case]:
 _SEED = "Still the seed's scores @ v: add the 1/sqrt(d_k) scale and the softmax."
 _WIDTH = "d_k is the head dimension w_q.shape[1], not the model width E = x.shape[1]."
 _OWN = "k = x @ w_k and v = x @ w_v have their own projections (equal in the seed's example)."
-SEED_HEAD_FIX = exercise(
+_NO_READY_MADE_HEAD = "write the head from matmul and softmax, without a ready-made attention."
+SEED_HEAD_FIX = Exercise(
     "check_seed_head_fix",
     "head 1 of 猫 吃 鱼 is [[0.50, 0], [0.33, 0], [0.33, 0]]",
     lambda x, w_q, w_k, w_v: F.scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v),
     _seed_head_cases,
-    (partial(_head, scale=1.0, weigh=_no_softmax), _SEED),
-    (partial(_head, scale=1.0), "The scale is missing: divide by sqrt(d_k), d_k = w_q.shape[1]."),
-    (partial(_head, weigh=_no_softmax), "The softmax is missing: softmax(scores / sqrt(d_k))."),
-    (partial(_head, weigh=_hard), "A hard argmax; softmax gives every key a positive weight."),
-    (partial(_head, dim=0), "Wrong axis: normalise each query's row over the keys, dim=-1."),
-    (lambda x, w_q, w_k, w_v: _head(x, w_q, w_k, w_v, scale=x.shape[1] ** -0.5), _WIDTH),
-    (lambda x, w_q, w_k, w_v: _head(x, w_q, w_q, w_q), _OWN),
+    variants=(
+        _head,
+        lambda x, w_q, w_k, w_v: (
+            torch.softmax((x @ w_q / math.sqrt(w_k.shape[1])) @ (x @ w_k).T, dim=1) @ (x @ w_v)
+        ),
+    ),
+    mistakes=(
+        (partial(_head, scale=1.0, weigh=_no_softmax), _SEED),
+        (
+            partial(_head, scale=1.0),
+            "The scale is missing: divide by sqrt(d_k), d_k = w_q.shape[1].",
+        ),
+        (partial(_head, weigh=_no_softmax), "The softmax is missing: softmax(scores / sqrt(d_k))."),
+        (partial(_head, weigh=_hard), "A hard argmax; softmax gives every key a positive weight."),
+        (partial(_head, dim=0), "Wrong axis: normalise each query's row over the keys, dim=-1."),
+        (lambda x, w_q, w_k, w_v: _head(x, w_q, w_k, w_v, scale=x.shape[1] ** -0.5), _WIDTH),
+        (lambda x, w_q, w_k, w_v: _head(x, w_q, w_q, w_q), _OWN),
+        (
+            lambda x, w_q, w_k, w_v: F.scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v),
+            _NO_READY_MADE_HEAD,
+        ),
+    ),
     hint="Expected softmax(q @ k.T / sqrt(d_k), dim=-1) @ v, q, k, v = x @ w_q, x @ w_k, x @ w_v.",
     crash_hint="q, k and v are x @ w_q, x @ w_k and x @ w_v; the scores are q @ k.T.",
     forbidden=NO_SDPA,
-    forbidden_hint="write the head from matmul and softmax, without a ready-made attention.",
-    solution=_head,
+    forbidden_hint=_NO_READY_MADE_HEAD,
     doc="Check ``fn(x (L, E), w_q (E, D), w_k (E, D), w_v (E, Dv)) -> out (L, Dv)``, one head.",
 )
 
@@ -129,15 +166,24 @@ def _seed_head(w: Tensor, **slip: Any) -> Tensor:
 _SEED_V2 = "The seed's scores @ V2: add scale and softmax (equal scores then get 1/3 each)."
 _SQRT_2 = "Divide the scores by sqrt(2) before the softmax: e^0.71 / (e^0.71 + 2) = 0.50."
 _EQUAL = "猫 and 鱼 see three equal scores (0): weights 1/3 each, output the mean of V2's rows."
-HEAD2_PREDICTION = prediction(
+HEAD2_PREDICTION = Exercise(
     "check_head2_prediction",
     "row 1 (吃) ≈ [0, 0.50], rows 0 and 2 = [0, 1/3]",
     lambda: F.scaled_dot_product_attention(*(CAT_EATS_FISH @ HEAD_PROJECTIONS[1],) * 3),
-    (lambda t: _seed_head(HEAD_PROJECTIONS[1], scale=1.0, weigh=_no_softmax), _SEED_V2),
-    (lambda t: _seed_head(HEAD_PROJECTIONS[1], scale=1.0), _SQRT_2),
-    (lambda t: t * torch.tensor([[0.0], [1.0], [0.0]]), _EQUAL),
-    (lambda t: _seed_head(HEAD_PROJECTIONS[0]), "That is head 1; W2 = diag(0, 1)."),
-    (lambda t: t.flip(-1), "Columns swapped: W2 = diag(0, 1) zeroes the first."),
+    prediction=True,
+    variants=(
+        lambda t: [[0.0, 0.33], [0.0, 0.50], [0.0, 0.33]],
+        lambda t: ((0, 1 / 3), (0, 0.5), (0, 1 / 3)),
+        lambda t: np.array([[0, 0.33]] * 3) + [[0, 0], [0, 0.17], [0, 0]],
+        lambda t: t,
+    ),
+    mistakes=(
+        (lambda t: _seed_head(HEAD_PROJECTIONS[1], scale=1.0, weigh=_no_softmax), _SEED_V2),
+        (lambda t: _seed_head(HEAD_PROJECTIONS[1], scale=1.0), _SQRT_2),
+        (lambda t: t * torch.tensor([[0.0], [1.0], [0.0]]), _EQUAL),
+        (lambda t: _seed_head(HEAD_PROJECTIONS[0]), "That is head 1; W2 = diag(0, 1)."),
+        (lambda t: t.flip(-1), "Columns swapped: W2 = diag(0, 1) zeroes the first."),
+    ),
     hint="That is not head 2. Row i: scores q_i . k_j / sqrt(2), softmax over j, weighted sum of "
     "the rows of V2 = X @ W2.",
     atol=0.01,
@@ -163,13 +209,19 @@ def _permuted_cases() -> list[Case]:
 
 
 _INVERSE = "That is the inverse permutation: new row i is old row perm[i], out[perm[i]]."
-PERMUTED_OUTPUTS = exercise(
+PERMUTED_OUTPUTS = Exercise(
     "check_permuted_outputs",
     "reorder the tokens and the outputs reorder the same way",
     lambda out, perm: out[perm],
     _permuted_cases,
-    (lambda out, perm: out, "Each token's output travels with it: reorder out's rows."),
-    (lambda out, perm: out[torch.argsort(perm)], _INVERSE),
+    variants=(
+        lambda out, perm: out.index_select(0, perm),
+        lambda out, perm: torch.stack([out[i] for i in perm.tolist()]),
+    ),
+    mistakes=(
+        (lambda out, perm: out, "Each token's output travels with it: reorder out's rows."),
+        (lambda out, perm: out[torch.argsort(perm)], _INVERSE),
+    ),
     hint="Self-attention without positions is permutation-equivariant: "
     "attention(x[perm]) = attention(x)[perm].",
     crash_hint="Index the rows of out with perm.",

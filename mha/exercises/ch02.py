@@ -7,23 +7,14 @@ import math
 import numbers
 from functools import partial
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 import mha
 
-from ._harness import (
-    NO_SDPA,
-    Case,
-    ExerciseError,
-    as_shape,
-    attend,
-    exercise,
-    prediction,
-    publish,
-    tr,
-)
+from ._harness import NO_SDPA, Case, Exercise, ExerciseError, as_shape, attend, publish, tr
 
 _SOFTMAXES = ("softmax", "log_softmax")
 _AXIS = "Use `dim` in both the max and the sum, with keepdim=True so that they broadcast back."
@@ -71,25 +62,50 @@ _BY_FIRST = (
 _NAIVE = f"exp() overflowed: {_OVERFLOW}. Subtract the maximum along `dim` first."
 _GLOBAL_MAX = "Subtract each slice's own maximum, x.amax(dim, keepdim=True): rows far below a global one give 0/0."
 _DTYPE = "Return the input's dtype (compute in float32 inside if you like, then convert back)."
-SOFTMAX = exercise(
+_NO_SOFTMAX = (
+    "write softmax yourself from exp, max and sum, without calling torch.softmax or its aliases."
+)
+
+
+def _in_float64(x: Tensor, dim: int = -1) -> Tensor:
+    y = x.double()
+    e = (y - y.max(dim, keepdim=True).values).exp()
+    return (e / e.sum(dim, keepdim=True)).to(x.dtype)
+
+
+SOFTMAX = Exercise(
     "check_softmax",
     "stable for large logits, right axis, float16 included",
     lambda x, dim=-1: torch.softmax(x.double(), dim=dim).to(x.dtype),
     _softmax_cases,
-    (lambda x, dim=-1: _shifted(x, x.mean(dim, keepdim=True), dim), _BY_MEAN),
-    (lambda x, dim=-1: _shifted(x, x.narrow(dim, 0, 1), dim), _BY_FIRST),
-    (lambda x, dim=-1: _normalise(x.exp(), dim), _NAIVE),
-    (lambda x, dim=-1: _shifted(x, x.max(), dim), _GLOBAL_MAX),
-    (lambda x, dim=-1: _shifted(x, x.amax(-1, keepdim=True)), f"Not along `dim`. {_AXIS}"),
-    (lambda x, dim=-1: _shifted(x, x.max(), None), f"You divided by the total. {_AXIS}"),
-    (lambda x, dim=-1: _shifted(x.float(), x.float().amax(dim, keepdim=True), dim), _DTYPE),
+    variants=(
+        lambda x, dim=-1: _shifted(x, x.amax(dim, keepdim=True), dim),
+        lambda x, dim=-1: torch.exp(x - torch.logsumexp(x, dim, keepdim=True)),  # 2e-5 off at 1000
+        _in_float64,
+    ),
+    mistakes=(
+        (lambda x, dim=-1: _shifted(x, x.mean(dim, keepdim=True), dim), _BY_MEAN),
+        (lambda x, dim=-1: _shifted(x, x.narrow(dim, 0, 1), dim), _BY_FIRST),
+        (lambda x, dim=-1: _normalise(x.exp(), dim), _NAIVE),
+        (lambda x, dim=-1: _shifted(x, x.max(), dim), _GLOBAL_MAX),
+        (lambda x, dim=-1: _shifted(x, x.amax(-1, keepdim=True)), f"Not along `dim`. {_AXIS}"),
+        (lambda x, dim=-1: _shifted(x, x.max(), None), f"You divided by the total. {_AXIS}"),
+        (lambda x, dim=-1: _shifted(x.float(), x.float().amax(dim, keepdim=True), dim), _DTYPE),
+        (torch.softmax, _NO_SOFTMAX),
+        (lambda x, dim=-1: x.softmax(dim), _NO_SOFTMAX),
+        (lambda x, dim=-1: F.log_softmax(x, dim).exp(), _NO_SOFTMAX),
+        (lambda x, dim=-1: torch.nn.Softmax(dim)(x), _NO_SOFTMAX),
+        (lambda x, dim=-1: mha.softmax(x, dim), _NO_SOFTMAX),
+    ),
     hint="Each slice along `dim` must be exp(x - max) divided by its own sum.",
     crash_hint=_AXIS,
     exact_dtype=True,
-    forbidden=[(m, n) for m in (torch, torch.special, F, Tensor, mha) for n in _SOFTMAXES],
-    forbidden_hint="write softmax yourself from exp, max and sum, without calling "
-    "torch.softmax or its aliases.",
-    solution=lambda x, dim=-1: _shifted(x, x.amax(dim, keepdim=True), dim),
+    forbidden=(
+        *(getattr(m, n) for m in (torch, torch.special, F, Tensor) for n in _SOFTMAXES),
+        torch._softmax,
+        mha.softmax,
+    ),
+    forbidden_hint=_NO_SOFTMAX,
     params=("my_softmax",),
     doc="Check a hand-written, numerically stable ``my_softmax(x, dim=-1)`` (no torch.softmax) "
     "against ``torch.softmax``: small and large logits, a middle axis, float16.",
@@ -112,14 +128,18 @@ def _as_numbers(answer: tuple[object, object]) -> tuple[float, float]:
 
 
 _SCALED = "dividing a variable by c divides its variance by c², here by d_k."
-QK_VARIANCE_PREDICTION = prediction(
+QK_VARIANCE_PREDICTION = Exercise(
     "check_qk_variance_prediction",
     lambda want: tr("measured {0:.1f} unscaled and {1:.2f} scaled", *want),
     _variances,
-    (lambda t: (math.sqrt(t[0]), t[1]), "that is the standard deviation √d_k; square it."),
-    (lambda t: (1.0, t[1]), "the variances of the 64 independent products add up."),
-    (lambda t: (t[0], 1 / math.sqrt(64)), _SCALED),
-    (lambda t: (t[0], math.sqrt(64)), _SCALED),
+    prediction=True,
+    variants=(lambda t: (64, 1), lambda t: (np.float64(64), 1.0), lambda t: t),
+    mistakes=(
+        (lambda t: (math.sqrt(t[0]), t[1]), "that is the standard deviation √d_k; square it."),
+        (lambda t: (1.0, t[1]), "the variances of the 64 independent products add up."),
+        (lambda t: (t[0], 1 / math.sqrt(64)), _SCALED),
+        (lambda t: (t[0], math.sqrt(64)), _SCALED),
+    ),
     hint={
         "unscaled": "q·k is a sum of d_k independent products q_i·k_i, each of variance 1.",
         "scaled": "Var(x / c) = Var(x) / c²; with c = √d_k that undoes the growth exactly.",
@@ -139,14 +159,21 @@ def _true_shapes() -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(weights.shape), tuple(F.scaled_dot_product_attention(q, k, v).shape)
 
 
-SHAPE_PREDICTION = prediction(
+SHAPE_PREDICTION = Exercise(
     "check_shape_prediction",
     lambda want: tr("weights {0}, out {1}", *want),
     _true_shapes,
-    (lambda t: ((2, 8, 7, 10), t[1]), "rows are queries (L = 10), columns keys (S = 7)."),
-    (lambda t: ((2, 8, 10, 64), t[1]), "q @ kᵀ sums the head dim D away."),
-    (lambda t: (t[0], (2, 8, 10, 64)), "the output's last dim is the value dim Dv = 32."),
-    (lambda t: (t[0], (2, 8, 7, 32)), "one output row per query (L = 10)."),
+    prediction=True,
+    variants=(
+        lambda t: ((2, 8, 10, 7), (2, 8, 10, 32)),
+        lambda t: (torch.Size([2, 8, 10, 7]), [2, 8, 10, 32]),
+    ),
+    mistakes=(
+        (lambda t: ((2, 8, 7, 10), t[1]), "rows are queries (L = 10), columns keys (S = 7)."),
+        (lambda t: ((2, 8, 10, 64), t[1]), "q @ kᵀ sums the head dim D away."),
+        (lambda t: (t[0], (2, 8, 10, 64)), "the output's last dim is the value dim Dv = 32."),
+        (lambda t: (t[0], (2, 8, 7, 32)), "one output row per query (L = 10)."),
+    ),
     hint={
         "weights": "one weight per (query, key) pair in every batch and head: (B, H, L, S).",
         "out": "(B, H, L, S) weights times (B, H, S, Dv) values gives (B, H, L, Dv).",
@@ -175,24 +202,41 @@ def _sdpa_cases() -> list[Case]:
 
 
 _SUM_TO_1 = "Softmax over the keys (dim=-1), so that each query's weights sum to 1."
-SDPA = exercise(
+_NO_SDPA = (
+    "build attention from matmul and softmax yourself, without calling a ready-made "
+    "scaled_dot_product_attention."
+)
+SDPA = Exercise(
     "check_sdpa",
     "matches torch's scaled_dot_product_attention for 2-D, 3-D and 4-D inputs",
     F.scaled_dot_product_attention,
     _sdpa_cases,
-    (partial(attend, scale=1.0), "Scale the scores by 1/√D, D = q.shape[-1]."),
-    (lambda q, k, v: attend(q, k, v, scale=1 / q.shape[-1]), "The scale is 1/√D, not 1/D."),
-    (lambda q, k, v: attend(q, k, v, scale=q.shape[-1] ** 0.5), "Divide by √D, not multiply."),
-    (partial(attend, dim=-2), _SUM_TO_1),
-    (lambda q, k, v: attend(q, k.transpose(-2, -1), v), _TRANSPOSE),
-    (lambda q, k, v: attend(q, k), "Those are the weights (..., L, S): multiply them by v."),
-    (lambda q, k, v: (attend(q, k, v), q @ k.mT), "Return only the output tensor."),
+    variants=(
+        attend,
+        lambda q, k, v: torch.softmax((q / math.sqrt(q.shape[-1])) @ k.mT, dim=-1) @ v,
+        lambda q, k, v: (
+            (torch.einsum("...ld,...sd->...ls", q.double(), k.double()) / q.shape[-1] ** 0.5)
+            .softmax(-1)
+            .float()
+            @ v
+        ),
+    ),
+    mistakes=(
+        (partial(attend, scale=1.0), "Scale the scores by 1/√D, D = q.shape[-1]."),
+        (lambda q, k, v: attend(q, k, v, scale=1 / q.shape[-1]), "The scale is 1/√D, not 1/D."),
+        (lambda q, k, v: attend(q, k, v, scale=q.shape[-1] ** 0.5), "Divide by √D, not multiply."),
+        (partial(attend, dim=-2), _SUM_TO_1),
+        (lambda q, k, v: attend(q, k.transpose(-2, -1), v), _TRANSPOSE),
+        (lambda q, k, v: attend(q, k), "Those are the weights (..., L, S): multiply them by v."),
+        (lambda q, k, v: (attend(q, k, v), q @ k.mT), "Return only the output tensor."),
+        (F.scaled_dot_product_attention, _NO_SDPA),
+        (lambda q, k, v: mha.scaled_dot_product_attention(q, k, v), _NO_SDPA),
+        (lambda q, k, v: mha.flash_attention(q, k, v), _NO_SDPA),
+    ),
     hint="out must equal softmax(q @ kᵀ / √D, dim=-1) @ v.",
     crash_hint=_TRANSPOSE,
     forbidden=NO_SDPA,
-    forbidden_hint="build attention from matmul and softmax yourself, without calling a "
-    "ready-made scaled_dot_product_attention.",
-    solution=attend,
+    forbidden_hint=_NO_SDPA,
     params=("my_attention",),
     doc="Check a hand-written ``my_attention(q, k, v)`` = softmax(q kᵀ / √D) v against "
     "``F.scaled_dot_product_attention`` (which it must not call): 2-D to 4-D, L ≠ S, D ≠ Dv.",

@@ -12,17 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..multihead import MultiHeadAttention
-from ._harness import (
-    Case,
-    ExerciseError,
-    as_int,
-    as_mapping,
-    as_shape,
-    exercise,
-    prediction,
-    publish,
-    tr,
-)
+from ._harness import Case, Exercise, ExerciseError, as_int, as_mapping, as_shape, publish, tr
 
 # Split (B, N, H·D) -> (B, H, N, D) and merge back: right (by slicing, so that it cannot share a
 # layout mistake with the learner's view) and the usual wrong ways.
@@ -62,15 +52,21 @@ def _split_cases() -> list[Case]:
 
 _WRONG_SPLIT = f"The post's (B·H, L, D) layout, and more than a shape problem. {_SPLIT_FLAT}"
 _NOT_IN_FRONT = "Move the heads in front of the tokens with .transpose(1, 2): (B, H, L, D)."
-SPLIT_HEADS = exercise(
+SPLIT_HEADS = Exercise(
     "check_split_heads",
     "head h holds features h·D..(h+1)·D-1 of every token",
     _SPLITS["ok"],
     _split_cases,
-    (_SPLITS["flat"], _SPLIT_FLAT),
-    (lambda x, H: x.reshape(x.shape[0] * H, -1, x.shape[-1] // H), _WRONG_SPLIT),
-    (lambda x, H: x.unflatten(-1, (H, -1)), _NOT_IN_FRONT),
-    (_SPLITS["interleaved"], _INTERLEAVED),
+    variants=(
+        lambda x, H: x.view(x.shape[0], x.shape[1], H, -1).transpose(1, 2),
+        lambda x, H: x.unflatten(-1, (H, -1)).permute(0, 2, 1, 3),
+    ),
+    mistakes=(
+        (_SPLITS["flat"], _SPLIT_FLAT),
+        (lambda x, H: x.reshape(x.shape[0] * H, -1, x.shape[-1] // H), _WRONG_SPLIT),
+        (lambda x, H: x.unflatten(-1, (H, -1)), _NOT_IN_FRONT),
+        (_SPLITS["interleaved"], _INTERLEAVED),
+    ),
     hint="Head h of token i must be x[b, i, h·D:(h+1)·D].",
     crash_hint="x.view(B, L, H, D).transpose(1, 2) works for any B and L.",
     atol=0.0,
@@ -88,15 +84,22 @@ def _merge_cases() -> list[Case]:
 
 
 _VIEW = "After a transpose view() fails: use .reshape(...) (or .contiguous().view(...))."
-MERGE_HEADS = exercise(
+MERGE_HEADS = Exercise(
     "check_merge_heads",
     "heads concatenated in order along the features",
     _MERGES["ok"],
     _merge_cases,
-    (_MERGES["flat"], _MERGE_FLAT),
-    (lambda x: x.transpose(1, 2).view(x.shape[0], x.shape[2], -1), _VIEW),
-    (_MERGES["interleaved"], "Concatenate whole heads, not feature by feature."),
-    (lambda x: x.flatten(1, 2), "Concatenate the heads along the features, not tokens."),
+    variants=(
+        lambda x: x.transpose(1, 2).reshape(*x.shape[::2], -1),
+        lambda x: x.permute(0, 2, 1, 3).flatten(2),
+        lambda x: torch.cat([x[:, h] for h in range(x.shape[1])], dim=-1),
+    ),
+    mistakes=(
+        (_MERGES["flat"], _MERGE_FLAT),
+        (lambda x: x.transpose(1, 2).view(x.shape[0], x.shape[2], -1), _VIEW),
+        (_MERGES["interleaved"], "Concatenate whole heads, not feature by feature."),
+        (lambda x: x.flatten(1, 2), "Concatenate the heads along the features, not tokens."),
+    ),
     hint="Row i of the result must be torch.cat([x[b, 0, i], x[b, 1, i], ...]).",
     crash_hint="x.transpose(1, 2).reshape(B, L, H·D) works for any B, H, L, D.",
     atol=0.0,
@@ -155,8 +158,36 @@ _MHA_HINT = (
     "Check each step: project, split (view(B, N, H, D).transpose(1, 2)), softmax(q @ kᵀ / √D) "
     "over the keys, weights @ v, merge (transpose(1, 2).reshape(B, L, E)), out_proj."
 )
-_NO_TORCH_MHA = [(F, "multi_head_attention_forward"), (MultiHeadAttention, "forward")]
+_NO_TORCH_MHA = (F.multi_head_attention_forward, MultiHeadAttention.forward)
 _NO_TORCH_MHA_HINT = "write it yourself, without nn.MultiheadAttention or mha.MultiHeadAttention."
+
+
+def _sdpa_forward(query: Tensor, key: Tensor, value: Tensor, *args: Any) -> Tensor:
+    """Multi-head attention with view/transpose and torch's SDPA for the heads (allowed)."""
+    *projs, H = args
+    B, L, E = query.shape
+    q, k, v = (
+        p(t).view(B, -1, H, E // H).transpose(1, 2) for p, t in zip(projs, (query, key, value))
+    )
+    return projs[3](F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, L, E))
+
+
+def _torch_layer(query: Tensor, key: Tensor, value: Tensor, *args: Any) -> Tensor:
+    """A shortcut: the projected inputs fed to torch's own multi-head attention."""
+    *projs, H = args
+    with torch.random.fork_rng(devices=[]):
+        layer = nn.MultiheadAttention(query.shape[-1], H, batch_first=True)
+    qkv = (p(t) for p, t in zip(projs, (query, key, value)))
+    return layer(*qkv, need_weights=False)[0]
+
+
+def _course_module(query: Tensor, key: Tensor, value: Tensor, *args: Any) -> Tensor:
+    """A shortcut: the course's own module (with weights of its own)."""
+    with torch.random.fork_rng(devices=[]):
+        module = MultiHeadAttention(
+            query.shape[-1], args[-1], kdim=key.shape[-1], vdim=value.shape[-1]
+        )
+    return module(query, key, value)[0]
 
 
 def _linear(g: torch.Generator, fan_in: int, fan_out: int) -> nn.Linear:
@@ -186,12 +217,17 @@ def _forward_cases() -> list[Case]:
     ]
 
 
-MULTI_HEAD_FORWARD = exercise(
+MULTI_HEAD_FORWARD = Exercise(
     "check_multi_head_forward",
     "matches torch.nn.MultiheadAttention, self- and cross-attention",
     _torch_mha,
     _forward_cases,
-    *((partial(_mha_variant, **slip), hint) for slip, hint in _MHA_MISTAKES),
+    variants=(_mha_variant, _sdpa_forward),
+    mistakes=(
+        *((partial(_mha_variant, **slip), hint) for slip, hint in _MHA_MISTAKES),
+        (_torch_layer, _NO_TORCH_MHA_HINT),
+        (_course_module, _NO_TORCH_MHA_HINT),
+    ),
     hint=_MHA_HINT,
     crash_hint="Name the shapes at every step: (B, L, E) -> (B, H, L, D) -> (B, H, L, S) -> "
     "(B, H, L, D) -> (B, L, E).",
@@ -199,7 +235,6 @@ MULTI_HEAD_FORWARD = exercise(
     rtol=1e-4,
     forbidden=_NO_TORCH_MHA,
     forbidden_hint=_NO_TORCH_MHA_HINT,
-    solution=_mha_variant,
     params=("multi_head_forward",),
     doc="Check ``multi_head_forward(query, key, value, q_proj, k_proj, v_proj, out_proj, "
     "num_heads) -> (B, L, E)`` against torch's ``nn.MultiheadAttention`` with those weights, on "
@@ -209,8 +244,25 @@ MULTI_HEAD_FORWARD = exercise(
 _POST_LAYERS = ("query_fc", "key_fc", "value_fc", "fc")
 
 
+def _post_bmm(query: Tensor, key: Tensor, value: Tensor, *args: Any) -> Tensor:
+    """The post's ``(B·H, N, D)`` layout for ``torch.bmm``, with the split and merge repaired."""
+    *projs, H = args
+    B, L, E = query.shape
+
+    def split(t: Tensor) -> Tensor:  # (B, N, E) -> (B, H, N, D) -> (B·H, N, D)
+        return t.view(B, -1, H, E // H).transpose(1, 2).reshape(B * H, -1, E // H)
+
+    q, k, v = (split(p(t)) for p, t in zip(projs, (query, key, value)))
+    weights = torch.softmax(torch.bmm(q, k.transpose(1, 2)) / (E // H) ** 0.5, -1)  # (B·H, L, S)
+    out = torch.bmm(weights, v).view(B, H, L, -1).transpose(1, 2)  # (B, L, H, D)
+    return projs[3](out.reshape(B, L, E))
+
+
 def _post_class(**slip: Any) -> type[nn.Module]:
-    """The post's class ``MultiHeadAttention(d_model, num_heads)``, computing ``_mha_variant``."""
+    """The post's class ``MultiHeadAttention(d_model, num_heads)``, computing ``_mha_variant``
+    (or, with ``layout="bmm"``, the post's own layout; with ``shortcut``, that function)."""
+    layout, shortcut = slip.pop("layout", None), slip.pop("shortcut", None)
+    forward = shortcut or (_post_bmm if layout == "bmm" else None)
 
     class Post(nn.Module):
         def __init__(self, d_model: int, num_heads: int) -> None:
@@ -220,7 +272,9 @@ def _post_class(**slip: Any) -> type[nn.Module]:
                 setattr(self, name, nn.Linear(d_model, d_model))
 
         def forward(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
-            layers = (getattr(self, name) for name in _POST_LAYERS)
+            layers = [getattr(self, name) for name in _POST_LAYERS]
+            if forward:
+                return forward(query, key, value, *layers, self.num_heads)
             return _mha_variant(query, key, value, *layers, self.num_heads, **slip)
 
     return Post
@@ -262,12 +316,16 @@ def _seed_fix_cases() -> list[Case]:
     return [own, Case(label, (query, key, key, *own.args[3:]))]
 
 
-SEED_MHA_FIX = exercise(
+SEED_MHA_FIX = Exercise(
     "check_seed_mha_fix",
     "the post's class now matches torch.nn.MultiheadAttention",
     _torch_mha,
     _seed_fix_cases,
-    *((_post_class(**slip), hint) for slip, hint in _MHA_MISTAKES),
+    variants=(_post_class(), _post_class(layout="bmm")),
+    mistakes=(
+        *((_post_class(**slip), hint) for slip, hint in _MHA_MISTAKES),
+        (_post_class(shortcut=_torch_layer), _NO_TORCH_MHA_HINT),
+    ),
     hint=_MHA_HINT,
     crash_hint="Split with view(B, N, H, D).transpose(1, 2), merge with transpose(1, 2).reshape.",
     atol=1e-4,
@@ -275,7 +333,6 @@ SEED_MHA_FIX = exercise(
     call=_run_post_class,
     forbidden=_NO_TORCH_MHA,
     forbidden_hint=_NO_TORCH_MHA_HINT,
-    solution=_post_class(),
     params=("cls",),
     doc="Check a repaired version of the post's class ``MultiHeadAttention(d_model, num_heads)`` "
     "(layers ``query_fc``, ``key_fc``, ``value_fc``, ``fc``; ``forward(query, key, value)``) "
@@ -323,11 +380,16 @@ def _as_predictions(predictions: object) -> tuple[object, ...]:
 
 _KV = "k_proj and v_proj map kdim / vdim to num_kv_heads·D features (D = embed_dim // num_heads)."
 _QO = "q_proj maps E to E (H heads of D), and out_proj maps the concatenated heads (E) to E."
-MHA_SHAPE_PREDICTIONS = prediction(
+MHA_SHAPE_PREDICTIONS = Exercise(
     "check_mha_shape_predictions",
     f"all {len(_SHAPE_KEYS)} predictions match the running module",
     _true_shapes,
-    *(  # q_proj and out_proj are square
+    prediction=True,
+    variants=(
+        lambda t: t,
+        lambda t: {**t, "out": list(t["out"]), "weights": torch.Size(t["weights"])},
+    ),
+    mistakes=tuple(  # q_proj and out_proj are square
         (lambda t, n=n: {**t, n: t[n][::-1]}, "nn.Linear's weight is (out, in) features.")
         for n in ("k_proj.weight", "v_proj.weight")
     ),

@@ -12,7 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._harness import NO_SDPA, Case, ExerciseError, as_shape, exercise, prediction, publish, tr
+import mha
+
+from ..masks import padding_mask
+from ._harness import NO_SDPA, Case, Exercise, ExerciseError, as_shape, publish, tr
 
 _INVERTED = "Inverted: here (and in SDPA) True = may attend; flip it with ~."
 _NOT_BOOL = "Return a bool tensor: a 1/0 float mask is *added* to the scores and masks nothing."
@@ -25,7 +28,8 @@ def _padding(lengths: Tensor, S: int) -> Tensor:
 
 _ROWS_NOT_KEYS = "That shape masks queries (rows); padding hides *keys*: (B, 1, 1, S)."
 _OFF_BY_ONE = "One too {} token kept: a sequence of length n keeps positions j < n."
-PADDING_MASK = exercise(
+_NO_PADDING_MASK = "build the mask yourself, without mha.padding_mask."
+PADDING_MASK = Exercise(
     "check_padding_mask",
     "(B, 1, 1, S) bool, True for real tokens",
     _padding,
@@ -33,14 +37,23 @@ PADDING_MASK = exercise(
         Case(f"padding_mask(lengths={n}, S={S})", (torch.tensor(n), S))
         for n, S in (([3, 5, 0, 1], 5), ([2, 7], 7), ([4], 6))
     ],
-    (lambda lengths, S: ~_padding(lengths, S), _INVERTED),
-    (lambda lengths, S: _padding(lengths + 1, S), _OFF_BY_ONE.format("many")),
-    (lambda lengths, S: _padding(lengths - 1, S), _OFF_BY_ONE.format("few")),
-    (lambda lengths, S: _padding(lengths, S)[:, 0, 0], _READ_AS_LS),
-    (lambda lengths, S: _padding(lengths, S).transpose(-2, -1), _ROWS_NOT_KEYS),
-    (lambda lengths, S: _padding(lengths, S).float(), _NOT_BOOL),
+    variants=(
+        lambda lengths, S: (torch.arange(S) < lengths.unsqueeze(-1)).view(-1, 1, 1, S),
+        lambda lengths, S: torch.stack([torch.arange(S) < n for n in lengths])[:, None, None],
+    ),
+    mistakes=(
+        (lambda lengths, S: ~_padding(lengths, S), _INVERTED),
+        (lambda lengths, S: _padding(lengths + 1, S), _OFF_BY_ONE.format("many")),
+        (lambda lengths, S: _padding(lengths - 1, S), _OFF_BY_ONE.format("few")),
+        (lambda lengths, S: _padding(lengths, S)[:, 0, 0], _READ_AS_LS),
+        (lambda lengths, S: _padding(lengths, S).transpose(-2, -1), _ROWS_NOT_KEYS),
+        (lambda lengths, S: _padding(lengths, S).float(), _NOT_BOOL),
+        (padding_mask, _NO_PADDING_MASK),
+    ),
     hint="Keep position j of sequence b when j < lengths[b], shaped (B, 1, 1, S).",
     exact_dtype=True,
+    forbidden=(padding_mask,),
+    forbidden_hint=_NO_PADDING_MASK,
     doc="Check ``fn(lengths, S)``: the ``(B, 1, 1, S)`` keep-mask of right-padded sequences.",
 )
 
@@ -50,7 +63,7 @@ def _ones(L: int, S: int | None = None) -> Tensor:
 
 
 _BOTTOM_RIGHT = "That is the bottom-right alignment (for a cache); torch's is_causal is top-left."
-CAUSAL_MASK = exercise(
+CAUSAL_MASK = Exercise(
     "check_causal_mask",
     "(L, S) bool, True on and below the diagonal",
     lambda L, S=None: _ones(L, S).tril(),
@@ -58,13 +71,22 @@ CAUSAL_MASK = exercise(
         Case(f"causal_mask({', '.join(map(str, args))})", args)
         for args in ((4,), (1,), (3, 5), (5, 3))
     ],
-    (lambda L, S=None: ~_ones(L, S).tril(), _INVERTED),
-    (lambda L, S=None: _ones(L, S).tril(-1), "A token may attend to itself: keep the diagonal."),
-    (lambda L, S=None: _ones(L, S).tril(1), "Shifted by one: each query sees a future key."),
-    (lambda L, S=None: _ones(L, S).triu(), "The upper triangle sees the *future*."),
-    (lambda L, S=None: _ones(L, S).tril((S or L) - L), _BOTTOM_RIGHT),
-    (lambda L, S=None: _ones(L).tril(), "The columns are the S keys: (L, S)."),
-    (lambda L, S=None: _ones(L, S).tril().int(), _NOT_BOOL),
+    variants=(
+        mha.causal_mask,
+        lambda L, S=None: torch.arange(L)[:, None] >= torch.arange(S or L)[None, :],
+    ),
+    mistakes=(
+        (lambda L, S=None: ~_ones(L, S).tril(), _INVERTED),
+        (
+            lambda L, S=None: _ones(L, S).tril(-1),
+            "A token may attend to itself: keep the diagonal.",
+        ),
+        (lambda L, S=None: _ones(L, S).tril(1), "Shifted by one: each query sees a future key."),
+        (lambda L, S=None: _ones(L, S).triu(), "The upper triangle sees the *future*."),
+        (lambda L, S=None: _ones(L, S).tril((S or L) - L), _BOTTOM_RIGHT),
+        (lambda L, S=None: _ones(L).tril(), "The columns are the S keys: (L, S)."),
+        (lambda L, S=None: _ones(L, S).tril().int(), _NOT_BOOL),
+    ),
     hint="Query i may attend to keys j <= i.",
     exact_dtype=True,
     doc="Check ``fn(L, S=None)``: the ``(L, S)`` causal keep-mask aligned top-left (torch's "
@@ -96,15 +118,23 @@ def _as_mask_prediction(answer: tuple[Any, Iterable[Iterable[object]], Any]) -> 
 _HINT_EMPTY = "A row is empty when every key it may see causally is padding (a naive NaN)."
 _TRAILING = "Broadcasting aligns trailing dims: (B, 1, 1, S) & (L, S) -> (B, 1, L, S)."
 _NOT_CAUSAL = "The mask is causal too: query i sees no key after i."
-MASK_PREDICTION = prediction(
+MASK_PREDICTION = Exercise(
     "check_mask_prediction",
     lambda want: tr("shape {0}, empty rows {1}", want[0], want[2]),
     _mask_truth,
-    (lambda t: ((2, 4, 4), *t[1:]), _TRAILING),
-    (lambda t: ((2, 8, 4, 4), *t[1:]), "The head dim stays 1 until the scores meet it."),
-    (lambda t: (t[0], t[1], []), _HINT_EMPTY),
-    (lambda t: (t[0], _ones(4).tril(), []), "Keys 0 and 1 of sequence 1 are padding."),
-    (lambda t: (t[0], _left_padded_keep()[1, 0, -1].expand(4, 4), []), _NOT_CAUSAL),
+    prediction=True,
+    variants=(
+        lambda t: ((2, 1, 4, 4), [[0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]], [0, 1]),
+        lambda t: ((2, 1, 4, 4), [[False] * 4, [False] * 4, [0, 0, 1, 0], [0, 0, 1, 1]], (1, 0)),
+        lambda t: (torch.Size([2, 1, 4, 4]), t[1], t[2]),
+    ),
+    mistakes=(
+        (lambda t: ((2, 4, 4), *t[1:]), _TRAILING),
+        (lambda t: ((2, 8, 4, 4), *t[1:]), "The head dim stays 1 until the scores meet it."),
+        (lambda t: (t[0], t[1], []), _HINT_EMPTY),
+        (lambda t: (t[0], _ones(4).tril(), []), "Keys 0 and 1 of sequence 1 are padding."),
+        (lambda t: (t[0], _left_padded_keep()[1, 0, -1].expand(4, 4), []), _NOT_CAUSAL),
+    ),
     hint={
         "shape": _TRAILING,
         "mask": "Query i sees key j if j <= i AND key j is real (keys 0, 1 of sequence 1 are not).",
@@ -125,15 +155,16 @@ _TOLERANCES = {
 
 
 def _attention_cases() -> list[Case]:
-    """float32, float16 and bfloat16 inputs, without and then with query rows that see no key."""
+    """float32, float16 and bfloat16 inputs, without and then with query rows that see no key
+    (and another head dimension D)."""
     g = torch.Generator().manual_seed(4)
-    q, k, v = (torch.randn(2, 2, n, 8, generator=g) for n in (5, 6, 6))  # (B, H, L or S, D)
     keep = _padding(torch.tensor([6, 3]), 6) & _ones(5, 6).tril()  # (B, 1, L, S)
     keep_empty = keep.clone()
     keep_empty[1, :, 1] = False  # query 1 of sequence 1 sees no key
     keep_empty[0, :, 4] = False
     cases = []
-    for mask, empty in ((keep, ""), (keep_empty, " with a fully masked query row")):
+    for mask, empty, D in ((keep, "", 8), (keep_empty, " with a fully masked query row", 16)):
+        q, k, v = (torch.randn(2, 2, n, D, generator=g) for n in (5, 6, 6))  # (B, H, L or S, D)
         for dtype, (atol, rtol) in _TOLERANCES.items():
             label = f"masked_attention(q, k, v, keep) in {str(dtype)[6:]}{empty}"
             args = (*(t.to(dtype) for t in (q, k, v)), mask)
@@ -154,10 +185,12 @@ def _with_gradients(fn: Callable[..., Tensor], case: Case) -> object:
     return (out.detach(), *filled)
 
 
-def _fill_safe(q: Tensor, k: Tensor, v: Tensor, keep: Tensor) -> Tensor:
-    """The chapter's answer: -inf fill, a softmax that never sees an all -inf row, zero rows."""
+def _fill_safe(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, D: int | None = None) -> Tensor:
+    """The chapter's answer: -inf fill, a softmax that never sees an all -inf row, zero rows
+    (with ``D``, the scale of that head dimension, whatever q's)."""
     has_key = keep.any(-1, keepdim=True)  # (B, 1, L, 1)
-    scores = (q.float() @ k.float().mT / math.sqrt(q.shape[-1])).masked_fill(~keep, -math.inf)
+    scale = math.sqrt(D or q.shape[-1])
+    scores = (q.float() @ k.float().mT / scale).masked_fill(~keep, -math.inf)
     weights = torch.softmax(scores.masked_fill(~has_key, 0.0), dim=-1) * has_key  # (B, H, L, S)
     return weights @ v.float()
 
@@ -186,16 +219,36 @@ _NAN_FLOWS_BACK = (
 )
 _ALL_INF = "An all -inf row gives 0/0 = NaN: give rows with no key (keep.any(-1)) zero weights."
 _NOT_DIFFERENTIABLE = "The result is not differentiable: build it from torch operations."
-MASKED_ATTENTION = exercise(
+_NO_READY_MADE = "write the masked softmax yourself, without a ready-made attention."
+_HEAD_DIM = (
+    "Take D from the inputs, q.shape[-1]: a fixed head dimension is right for one size only."
+)
+
+
+def _masked_where(q: Tensor, k: Tensor, v: Tensor, keep: Tensor) -> Tensor:
+    """The chapter's answer written with torch.where."""
+    scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])
+    has_key = keep.any(-1, keepdim=True)
+    scores = torch.where(keep | ~has_key, scores, float("-inf"))
+    return torch.where(has_key, torch.softmax(scores, -1), 0.0) @ v.float()
+
+
+MASKED_ATTENTION = Exercise(
     "check_masked_attention",
     "float32/float16/bfloat16, empty rows give zeros forward and backward",
     lambda *args: _with_gradients(_reference_attention, Case("", args)),
     _attention_cases,
-    (lambda q, k, v, keep: _fill_attention(q, k, v, keep, torch.finfo(q.dtype).min), _FINITE),
-    (partial(_fill_attention, fill=-1e9), _MINUS_1E9),
-    (partial(_fill_attention, fill=-math.inf, nan_to_num=True), _NAN_FLOWS_BACK),
-    (partial(_fill_attention, fill=-math.inf), _ALL_INF),
-    (lambda *args: _fill_safe(*args).detach(), _NOT_DIFFERENTIABLE),
+    variants=(_fill_safe, _masked_where),
+    mistakes=(
+        (lambda q, k, v, keep: _fill_attention(q, k, v, keep, torch.finfo(q.dtype).min), _FINITE),
+        (partial(_fill_attention, fill=-1e9), _MINUS_1E9),
+        (partial(_fill_attention, fill=-math.inf, nan_to_num=True), _NAN_FLOWS_BACK),
+        (partial(_fill_attention, fill=-math.inf), _ALL_INF),
+        (lambda *args: _fill_safe(*args).detach(), _NOT_DIFFERENTIABLE),
+        (partial(_fill_safe, D=8), _HEAD_DIM),
+        (F.scaled_dot_product_attention, _NO_READY_MADE),
+        (lambda q, k, v, keep: mha.scaled_dot_product_attention(q, k, v, keep), _NO_READY_MADE),
+    ),
     hint={
         "out": "Expected softmax(q @ kᵀ / sqrt(D), masked where keep is False) @ v.",
         **dict.fromkeys(
@@ -205,8 +258,7 @@ MASKED_ATTENTION = exercise(
     outputs=("out", "grad_q", "grad_k", "grad_v"),
     call=_with_gradients,
     forbidden=NO_SDPA,
-    forbidden_hint="write the masked softmax yourself, without a ready-made attention.",
-    solution=_fill_safe,
+    forbidden_hint=_NO_READY_MADE,
     doc="Check ``fn(q, k, v, keep)``, masked attention equal to SDPA forward and backward, in "
     "float32, float16 and bfloat16, with zeros (never NaN) for a query whose keys are all masked.",
 )
@@ -216,16 +268,22 @@ _IGNORE = "key_padding_mask marks the keys to *ignore*: attention_mask == 0."
 _OPPOSITE = (
     "SDPA's bool mask is True = attend (attention_mask == 1), the opposite of key_padding_mask."
 )
-MASK_CONVERSION = exercise(
+MASK_CONVERSION = Exercise(
     "check_mask_conversion",
     "key_padding_mask True = ignore, sdpa_mask True = attend",
     lambda am: (am == 0, (am == 1)[:, None, None, :]),
     lambda: [Case("convert(attention_mask)", (_HF_MASK,))],
-    (lambda am: (am == 1, (am == 1)[:, None, None, :]), _IGNORE),
-    (lambda am: (am == 0, (am == 0)[:, None, None, :]), _OPPOSITE),
-    (lambda am: (am == 0, am == 1), _READ_AS_LS),
-    (lambda am: (1 - am, (am == 1)[:, None, None, :]), _NOT_BOOL),
-    (lambda am: (am == 0, am[:, None, None, :].float()), _NOT_BOOL),
+    variants=(
+        lambda am: (~am.bool(), am.bool().view(am.shape[0], 1, 1, -1)),
+        lambda am: (am.eq(0), am.ne(0).unsqueeze(1).unsqueeze(1)),
+    ),
+    mistakes=(
+        (lambda am: (am == 1, (am == 1)[:, None, None, :]), _IGNORE),
+        (lambda am: (am == 0, (am == 0)[:, None, None, :]), _OPPOSITE),
+        (lambda am: (am == 0, am == 1), _READ_AS_LS),
+        (lambda am: (1 - am, (am == 1)[:, None, None, :]), _NOT_BOOL),
+        (lambda am: (am == 0, am[:, None, None, :].float()), _NOT_BOOL),
+    ),
     hint={
         "key_padding_mask": "(B, S) bool, True exactly where attention_mask is 0.",
         "sdpa_mask": "(B, 1, 1, S) bool, True exactly where attention_mask is 1.",
@@ -248,17 +306,35 @@ def _alibi(H: int, L: int, first: int = 1, flip: bool = False, sign: float = -1,
     return (bias.masked_fill(j > i, float("-inf")) if causal else bias).float()
 
 
-ALIBI_BIAS = exercise(
+def _alibi_loops(H: int, L: int) -> Tensor:
+    bias = torch.full((H, L, L), float("-inf"))
+    for h in range(H):
+        for i in range(L):
+            for j in range(i + 1):
+                bias[h, i, j] = -(2 ** (-8 * (h + 1) / H)) * (i - j)
+    return bias
+
+
+ALIBI_BIAS = Exercise(
     "check_alibi_bias",
     "slopes 2^(-8h/H), linear distance penalty, causal",
     _alibi,
     lambda: [Case(f"alibi_bias(H={H}, L={L})", (H, L)) for H, L in ((8, 5), (4, 6), (2, 3))],
-    (partial(_alibi, first=0), "h runs 1..H: the first slope is 2**(-8/H)."),
-    (partial(_alibi, flip=True), "Reversed: head 1 has the largest slope."),
-    (partial(_alibi, causal=False), "Future keys need -inf (a causal mask)."),
-    (partial(_alibi, sign=1.0), "Penalise distance: -m_h * (i - j) <= 0."),
-    (lambda H, L: _alibi(H, L)[0], "One (L, L) bias per head: (H, L, L)."),
-    (lambda H, L: _ones(L).expand(H, L, L), "A bias is float: added, -inf where hidden."),
+    variants=(
+        _alibi_loops,
+        lambda H, L: (
+            -(2.0 ** (-8.0 * torch.arange(1, H + 1) / H))[:, None, None]
+            * (torch.arange(L)[:, None] - torch.arange(L))
+        ).masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf")),
+    ),
+    mistakes=(
+        (partial(_alibi, first=0), "h runs 1..H: the first slope is 2**(-8/H)."),
+        (partial(_alibi, flip=True), "Reversed: head 1 has the largest slope."),
+        (partial(_alibi, causal=False), "Future keys need -inf (a causal mask)."),
+        (partial(_alibi, sign=1.0), "Penalise distance: -m_h * (i - j) <= 0."),
+        (lambda H, L: _alibi(H, L)[0], "One (L, L) bias per head: (H, L, L)."),
+        (lambda H, L: _ones(L).expand(H, L, L), "A bias is float: added, -inf where hidden."),
+    ),
     hint="bias[h, i, j] = -m_h * (i - j) for j <= i and -inf for j > i, with m_h = "
     "2 ** (-8 * h / H), h = 1..H.",
     params=("alibi_bias",),

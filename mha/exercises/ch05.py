@@ -14,7 +14,7 @@ import mha
 
 from .. import flash
 from ..lab.hardware import sdpa_backends
-from ._harness import Case, ExerciseError, as_mapping, exercise, prediction, publish, tr
+from ._harness import Case, Exercise, ExerciseError, as_mapping, publish, tr
 
 _ACC = "acc_new = exp(m - m_new) * acc + exp(scores - m_new) @ value"
 _HINT_ACC_RESCALE = f"Rescale the old acc to the new maximum: {_ACC}."
@@ -71,20 +71,47 @@ def _online_cases() -> list[Case]:
 
 _ONCE = "acc is the *unnormalised* sum; divide by l once, after the last tile."
 _GUARD = "exp(-inf - (-inf)) is NaN: where m_new is -inf subtract 0 (torch.where(torch.isneginf(m_new), 0, m_new))."
-ONLINE_SOFTMAX_UPDATE = exercise(
+_NO_LIBRARY = "write the update yourself, without mha.online_softmax_update."
+
+
+def _update_out_of_place(m: Tensor, l: Tensor, acc: Tensor, scores: Tensor, value: Tensor):
+    m_new = torch.maximum(m, scores.max(-1, keepdim=True).values)
+    safe = m_new.nan_to_num(neginf=0.0)  # 0 where no key was visible yet
+    p, alpha = (scores - safe).exp(), (m - safe).exp()
+    return m_new, alpha * l + p.sum(-1, keepdim=True), alpha * acc + p @ value
+
+
+def _update_by_where(m: Tensor, l: Tensor, acc: Tensor, scores: Tensor, value: Tensor):
+    m_new = torch.max(m, scores.amax(-1, keepdim=True))
+    unseen = torch.isneginf(m_new)  # no visible key yet: the state stays empty
+    alpha = torch.where(unseen, 1.0, torch.exp(m - m_new))
+    p = torch.where(unseen, 0.0, torch.exp(scores - m_new))
+    return (
+        m_new,
+        l * alpha + p.sum(-1, keepdim=True),
+        acc * alpha + torch.einsum("...rc,...cd->...rd", p, value),
+    )
+
+
+ONLINE_SOFTMAX_UPDATE = Exercise(
     "check_online_softmax_update",
     "3 tiles, the state matches softmax(scores) @ value after every tile, hidden rows included",
     _update,
     _online_cases,
-    (partial(_update, keep_acc=True), _HINT_ACC_RESCALE),
-    (partial(_update, keep_l=True), _HINT_L_RESCALE),
-    (partial(_update, normalised=True), _ONCE),
-    (partial(_update, no_guard=True), _GUARD),
-    (partial(_update, tile_max=True), _HINT_M),
+    variants=(_update_out_of_place, _update_by_where),
+    mistakes=(
+        (partial(_update, keep_acc=True), _HINT_ACC_RESCALE),
+        (partial(_update, keep_l=True), _HINT_L_RESCALE),
+        (partial(_update, normalised=True), _ONCE),
+        (partial(_update, no_guard=True), _GUARD),
+        (partial(_update, tile_max=True), _HINT_M),
+        (mha.online_softmax_update, _NO_LIBRARY),
+        (lambda *args: flash.online_softmax_update(*args), _NO_LIBRARY),
+    ),
     hint={"m": _HINT_M, "l": _HINT_L_RESCALE, "acc": _HINT_ACC_RESCALE},
     outputs=("m", "l", "acc"),
-    forbidden=[(m, "online_softmax_update") for m in (mha, flash)],
-    forbidden_hint="write the update yourself, without mha.online_softmax_update.",
+    forbidden=(mha.online_softmax_update,),
+    forbidden_hint=_NO_LIBRARY,
     params=("update",),
     doc="Check ``update(m, l, acc, scores, value) -> (m, l, acc)``, one tile of online softmax "
     "(shapes as in :func:`mha.online_softmax_update`): after every tile, the exact state of all "
@@ -129,15 +156,44 @@ def _kv_cases() -> list[Case]:
 _GROWN = "Return the grown cache, torch.cat([k_cache, k_new], dim=-2) (the same for v)."
 _WHOLE = "Attend over the whole cache (old and new tokens), after appending."
 _CHUNK = f"A chunk's queries must not see later new tokens: {_BOTTOM_RIGHT}."
-KV_CACHE_STEP = exercise(
+
+
+def _module_step(q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor):
+    """Through mha.KVCache and mha.scaled_dot_product_attention."""
+    kv = mha.KVCache()
+    if k_cache.shape[-2]:
+        kv.update(k_cache, v_cache)
+    k, v = kv.update(k_new, v_new)
+    keep = mha.causal_mask_bottom_right(q.shape[-2], k.shape[-2])
+    return mha.scaled_dot_product_attention(q, k, v, keep), k, v
+
+
+KV_CACHE_STEP = Exercise(
     "check_kv_cache_step",
     "9 tokens decoded in steps of [4, 1, 1, 1, 2] equal one causal pass over the sequence",
     _step,
     _kv_cases,
-    (partial(_step, append=False), _GROWN),
-    (partial(_step, keys="new", mask="top-left"), _WHOLE),
-    (partial(_step, mask="top-left"), _HINT_TOP_LEFT),
-    (partial(_step, mask="none"), _CHUNK),
+    variants=(
+        _module_step,
+        lambda q, k_new, v_new, k_cache, v_cache: (
+            F.scaled_dot_product_attention(
+                q,
+                torch.cat([k_cache, k_new], -2),
+                torch.cat([v_cache, v_new], -2),
+                attn_mask=mha.causal_mask_bottom_right(
+                    q.shape[-2], k_cache.shape[-2] + q.shape[-2]
+                ),
+            ),
+            torch.cat([k_cache, k_new], -2),
+            torch.cat([v_cache, v_new], -2),
+        ),
+    ),
+    mistakes=(
+        (partial(_step, append=False), _GROWN),
+        (partial(_step, keys="new", mask="top-left"), _WHOLE),
+        (partial(_step, mask="top-left"), _HINT_TOP_LEFT),
+        (partial(_step, mask="none"), _CHUNK),
+    ),
     hint={
         "out": f"Attend to the whole cache after appending, with {_BOTTOM_RIGHT}.",
         **dict.fromkeys(
@@ -224,7 +280,7 @@ def _as_backends(predictions: object) -> tuple[str, ...]:
     return tuple(predictions[c] for c in SDPA_CASES)
 
 
-SDPA_BACKEND_PREDICTION = prediction(
+SDPA_BACKEND_PREDICTION = Exercise(
     "check_sdpa_backend_prediction",
     lambda want: tr(
         "all {0} predictions right ({1} flash, {2} math)",
@@ -233,7 +289,9 @@ SDPA_BACKEND_PREDICTION = prediction(
         want.count("math"),
     ),
     lambda: {case: _cpu_backend(case)[0] for case in SDPA_CASES},
-    (lambda truth: {**truth, "bool_mask": "math"}, _HINT_FLASH),
+    prediction=True,
+    variants=(lambda truth: dict(truth), lambda truth: dict(reversed(truth.items()))),
+    mistakes=((lambda truth: {**truth, "bool_mask": "math"}, _HINT_FLASH),),
     hint=_backend_hint,
     outputs=tuple(SDPA_CASES),
     report_all=True,

@@ -6,14 +6,14 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..masks import sliding_window_mask
-from ._harness import Case, Exercise, ExerciseError, as_int, difference, exercise, publish, tr
+from ._harness import Case, Exercise, ExerciseError, Lazy, as_int, difference, publish, tr
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -59,7 +59,15 @@ _WORK_CASES = [  # B, H, L, S, block_m, block_n, is_causal
 
 _LOOP = "Programs loop over key tiles: grid (cdiv(L, block_m), B * H)."
 _STOPS = "With is_causal the loop stops at the diagonal, below min(S, L, (start_m + 1) * block_m)."
-TILE_COUNTS = exercise(
+
+
+def _tile_counts_ceil(B: int, H: int, L: int, S: int, block_m: int, block_n: int, is_causal: bool):
+    n_m = math.ceil(L / block_m)
+    hi = [min(S, L, (i + 1) * block_m) if is_causal else S for i in range(n_m)]
+    return n_m * B * H, sum(math.ceil(h / block_n) for h in hi) * B * H
+
+
+TILE_COUNTS = Exercise(
     "check_tile_counts",
     f"grid and tile counts right in all {len(_WORK_CASES)} configurations",
     _work,
@@ -67,11 +75,14 @@ TILE_COUNTS = exercise(
         Case("count_work({}, {}, {}, {}, block_m={}, block_n={}, is_causal={})".format(*c), c)
         for c in _WORK_CASES
     ],
-    (partial(_count_work, grid="one axis"), "One program per (query tile, B·H) pair."),
-    (partial(_count_work, grid="floor"), "Round up: the ragged last tile needs a program."),
-    (partial(_count_work, grid="tiles"), _LOOP),
-    (lambda B, H, L, S, bm, bn, causal: _count_work(B, H, L, S, bm, bn, False), _STOPS),
-    (partial(_count_work, stop="square"), "The ragged last query tile stops at row L - 1."),
+    variants=(_count_work, _tile_counts_ceil),
+    mistakes=(
+        (partial(_count_work, grid="one axis"), "One program per (query tile, B·H) pair."),
+        (partial(_count_work, grid="floor"), "Round up: the ragged last tile needs a program."),
+        (partial(_count_work, grid="tiles"), _LOOP),
+        (lambda B, H, L, S, bm, bn, causal: _count_work(B, H, L, S, bm, bn, False), _STOPS),
+        (partial(_count_work, stop="square"), "The ragged last query tile stops at row L - 1."),
+    ),
     hint={
         "programs": "The grid is (cdiv(L, block_m), B * H); count its programs.",
         "kv_tiles": "Each program takes cdiv(hi, block_n) steps, hi = S, or with is_causal "
@@ -83,7 +94,6 @@ TILE_COUNTS = exercise(
         if (isinstance(out, tuple) and len(out) == 2)
         else out
     ),
-    solution=_count_work,
     params=("count_work",),
     doc="Check ``count_work(B, H, L, S, block_m, block_n, is_causal) -> (programs, kv_tiles)`` "
     "against a count of the key tiles a real keep-mask needs.",
@@ -128,19 +138,28 @@ def _visited_tiles(kv_tile_range: Callable[..., object], case: Case) -> object:
 _SKIP = "Right result, but the skip is the point: "
 _WRONG = "This skips a key tile some row needs: "
 
-KV_TILE_RANGE = exercise(
+
+def _kv_range_floor(start_m: int, BLOCK_M: int, BLOCK_N: int, L: int, S: int, window: int):
+    lo = max(0, start_m * BLOCK_M - window + 1)
+    return math.floor(lo / BLOCK_N) * BLOCK_N, min(S, L, (start_m + 1) * BLOCK_M)
+
+
+KV_TILE_RANGE = Exercise(
     "check_kv_tile_range",
     f"exactly the needed key tiles in all {len(_LENGTHS) * len(_WINDOWS) * len(_BLOCKS)} "
     "configurations, every query tile",
     _kv_range,
     _window_cases,
-    (partial(_kv_range, lo="exact"), "Tiles start at multiples of BLOCK_N: round down."),
-    (partial(_kv_range, lo="unclamped"), "Clamp lo with max(0, ...): no negative keys."),
-    (partial(_kv_range, lo="zero"), _SKIP + "no row sees a key below first_row - window + 1."),
-    (partial(_kv_range, hi="ragged"), _SKIP + "the ragged last tile's rows stop at L - 1."),
-    (partial(_kv_range, hi="S"), _SKIP + "no row sees a key past the tile's last row."),
-    (partial(_kv_range, lo="up"), _WRONG + "round the first visible key *down*."),
-    (partial(_kv_range, hi="diagonal"), _WRONG + "the last row sees keys up to itself."),
+    variants=(partial(_kv_range, lo="down"), _kv_range_floor),
+    mistakes=(
+        (partial(_kv_range, lo="exact"), "Tiles start at multiples of BLOCK_N: round down."),
+        (partial(_kv_range, lo="unclamped"), "Clamp lo with max(0, ...): no negative keys."),
+        (partial(_kv_range, lo="zero"), _SKIP + "no row sees a key below first_row - window + 1."),
+        (partial(_kv_range, hi="ragged"), _SKIP + "the ragged last tile's rows stop at L - 1."),
+        (partial(_kv_range, hi="S"), _SKIP + "no row sees a key past the tile's last row."),
+        (partial(_kv_range, lo="up"), _WRONG + "round the first visible key *down*."),
+        (partial(_kv_range, hi="diagonal"), _WRONG + "the last row sees keys up to itself."),
+    ),
     hint="Visit exactly the key tiles holding a key that some row of the query tile sees: row i "
     "sees keys i - window + 1 .. i.",
     call=_visited_tiles,
@@ -154,16 +173,18 @@ KV_TILE_RANGE = exercise(
 _UNWRITTEN = -7.0  # what the output holds before the kernel runs: no softmax value is negative
 
 
-def _softmax_inputs() -> list[tuple[str, Tensor]]:
+def _softmax_inputs() -> list[tuple[str, Tensor, int, int]]:
+    """``(what, rows, n_cols, stride_y)``: x is ``rows[:, :n_cols]``, and y's rows are
+    ``stride_y`` elements apart."""
     g = torch.Generator().manual_seed(6)
     ragged = torch.randn(6, 13, generator=g) * 3  # 13 columns in a 16-lane block
     large = 1000.0 + torch.randn(3, 16, generator=g)  # exp(1000) overflows float32
     wide = torch.randn(4, 32, generator=g) * 2
     return [
-        ("13 columns per row (BLOCK=16)", ragged),
-        ("logits near 1000", large),
-        ("rows 32 elements apart, 20 columns each", wide[:, :20]),
-        ("a single column", torch.randn(5, 1, generator=g)),
+        ("13 columns per row (BLOCK=16)", ragged, 13, 13),
+        ("logits near 1000", large, 16, 16),
+        ("rows of x 32 and rows of y 24 elements apart, 20 columns each", wide, 20, 24),
+        ("a single column", torch.randn(5, 1, generator=g), 1, 1),
     ]
 
 
@@ -193,21 +214,35 @@ def _kernel_device(kernel: object) -> str:
     return "cuda"
 
 
-def _softmax_kernel_hint(x: Tensor, y: Tensor) -> str:
+_UNWRITTEN_ROWS = "some rows were never written: program tl.program_id(0) stores its whole row."
+_NO_MAX = "exp overflowed: subtract the row maximum, tl.max(x, axis=0), before tl.exp."
+_LANES = "lanes past n_cols count in your sum: load them with other=-float('inf')."
+_STRIDE_X = "row r starts at X + r * stride_x, not X + r * n_cols."
+_STRIDE_Y = "row r of Y starts at Y + r * stride_y, not Y + r * n_cols."
+_SIGNATURE = "Keep the signature (X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr)."
+
+
+def _softmax_kernel_hint(x: Tensor, y: Tensor, stride_y: int) -> str:
     """Name the slip that explains a wrong output ``y`` of the kernel on ``x``."""
     n_rows, n_cols = x.shape
     if (y == _UNWRITTEN).all(1).any():
-        return tr("some rows were never written: program tl.program_id(0) stores its whole row.")
+        return tr(_UNWRITTEN_ROWS)
     if not torch.isfinite(y).all():
-        return tr("exp overflowed: subtract the row maximum, tl.max(x, axis=0), before tl.exp.")
+        return tr(_NO_MAX)
     block = 1 << (n_cols - 1).bit_length()
     padded = torch.cat([x, torch.zeros(n_rows, block - n_cols)], 1)  # lanes past n_cols read as 0
     if block > n_cols and torch.allclose(y, torch.softmax(padded, -1)[:, :n_cols], atol=1e-6):
-        return tr("lanes past n_cols count in your sum: load them with other=-float('inf').")
+        return tr(_LANES)
     # What a kernel reads that steps n_cols (not stride_x) elements from one row to the next:
     packed = x.as_strided((n_rows, n_cols), (n_cols, 1))  # (n_rows, n_cols)
     if x.stride(0) != n_cols and torch.allclose(y, torch.softmax(packed, -1), atol=1e-6):
-        return tr("row r starts at X + r * stride_x, not X + r * n_cols.")
+        return tr(_STRIDE_X)
+    # What y holds when row r is stored at Y + r * n_cols instead of Y + r * stride_y:
+    stored = torch.full((n_rows * stride_y,), _UNWRITTEN)
+    stored[: n_rows * n_cols] = torch.softmax(x, -1).flatten()
+    stored = stored.as_strided((n_rows, n_cols), (stride_y, 1))
+    if stride_y != n_cols and torch.allclose(y, stored, atol=1e-6):
+        return tr(_STRIDE_Y)
     return tr("each row must be exp(x - max) / sum(exp(x - max)) over its own n_cols values.")
 
 
@@ -215,35 +250,116 @@ def _check_softmax_kernel(kernel: Any) -> str:  # a Triton kernel, checked by _k
     device = _kernel_device(kernel)
     import triton  # after _kernel_device: Triton is installed
 
-    for what, x in _softmax_inputs():
-        n_rows, n_cols = x.shape
-        x_dev = x.to(device)
-        y = torch.full((n_rows, n_cols), _UNWRITTEN, device=device)  # (n_rows, n_cols)
+    for what, rows, n_cols, stride_y in _softmax_inputs():
+        x, x_dev = rows[:, :n_cols], rows.to(device)[:, :n_cols]  # rows rows.shape[1] apart
+        n_rows = x.shape[0]
+        y = torch.full((n_rows * stride_y,), _UNWRITTEN, device=device)  # rows stride_y apart:
+        y = y.as_strided((n_rows, n_cols), (stride_y, 1))  # (n_rows, n_cols)
         label = f"softmax_kernel on {what}"
         try:
             block = triton.next_power_of_2(n_cols)
-            kernel[(n_rows,)](x_dev, y, x_dev.stride(0), y.stride(0), n_cols, BLOCK=block)
+            kernel[(n_rows,)](x_dev, y, x_dev.stride(0), stride_y, n_cols, BLOCK=block)
         except Exception as err:  # noqa: BLE001 - any error of the learner's kernel is quoted back
-            first = str(err).splitlines()[0] if str(err) else ""
-            message = (
-                "{label} raised {kind}: {first}. Keep the signature "
-                "(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr)."
+            error = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+            message = tr(
+                "{label} raised {error}. {hint}", label=label, error=error, hint=tr(_SIGNATURE)
             )
-            kind = type(err).__name__
-            raise ExerciseError(tr(message, label=label, kind=kind, first=first)) from None
-        y, want = y.cpu(), torch.softmax(x, dim=-1)
-        problem = difference(y, want, atol=1e-6, rtol=1e-5)
+            raise ExerciseError(message) from None
+        y = y.cpu()
+        problem = difference(y, torch.softmax(x, dim=-1), atol=1e-6, rtol=1e-5)
         if problem:
-            hint = _softmax_kernel_hint(x, y)
+            hint = _softmax_kernel_hint(x, y, stride_y)
             message = tr("{label} {problem}. {hint}", label=label, problem=problem, hint=hint)
             raise ExerciseError(message)
     return tr("ragged rows, large logits and strided rows all right")
+
+
+@cache
+def _kernels() -> dict[str, Any]:
+    """Right and wrong softmax kernels: the variants and mistakes of the exercise, built on first
+    use (Triton is optional, and TRITON_INTERPRET must be set before it is imported)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def stable(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr):  # the chapter's
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        x = tl.load(X + row * stride_x + cols, mask=cols < n_cols, other=float("-inf"))
+        e = tl.exp(x - tl.max(x, axis=0))
+        tl.store(Y + row * stride_y + cols, e / tl.sum(e, axis=0), mask=cols < n_cols)
+
+    @triton.jit
+    def by_where(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        inside = cols < n_cols
+        x = tl.where(inside, tl.load(X + row * stride_x + cols, mask=inside, other=0.0), -1e30)
+        e = tl.exp(x - tl.max(x, axis=0))
+        tl.store(Y + row * stride_y + cols, e * (1.0 / tl.sum(e, axis=0)), mask=inside)
+
+    @triton.jit
+    def zero_padding(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        x = tl.load(X + row * stride_x + cols, mask=cols < n_cols, other=0.0)
+        e = tl.exp(x - tl.max(x, axis=0))
+        tl.store(Y + row * stride_y + cols, e / tl.sum(e, axis=0), mask=cols < n_cols)
+
+    @triton.jit
+    def no_max(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        e = tl.exp(tl.load(X + row * stride_x + cols, mask=cols < n_cols, other=float("-inf")))
+        tl.store(Y + row * stride_y + cols, e / tl.sum(e, axis=0), mask=cols < n_cols)
+
+    @triton.jit
+    def ignores_stride_x(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        x = tl.load(X + row * n_cols + cols, mask=cols < n_cols, other=float("-inf"))
+        e = tl.exp(x - tl.max(x, axis=0))
+        tl.store(Y + row * stride_y + cols, e / tl.sum(e, axis=0), mask=cols < n_cols)
+
+    @triton.jit
+    def ignores_stride_y(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        x = tl.load(X + row * stride_x + cols, mask=cols < n_cols, other=float("-inf"))
+        e = tl.exp(x - tl.max(x, axis=0))
+        tl.store(Y + row * n_cols + cols, e / tl.sum(e, axis=0), mask=cols < n_cols)
+
+    @triton.jit
+    def first_row_only(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr):
+        cols = tl.arange(0, BLOCK)
+        x = tl.load(X + cols, mask=cols < n_cols, other=float("-inf"))
+        e = tl.exp(x - tl.max(x, axis=0))
+        tl.store(Y + cols, e / tl.sum(e, axis=0), mask=cols < n_cols)
+
+    @triton.jit
+    def wrong_signature(X, Y, n_cols, BLOCK: tl.constexpr):
+        tl.store(Y, 0.0)
+
+    return {k: v for k, v in locals().items() if k not in ("triton", "tl")}
+
+
+def _kernel(name: str) -> Lazy:
+    return Lazy(lambda: _kernels()[name])
 
 
 SOFTMAX_KERNEL = Exercise(
     "check_softmax_kernel",
     "",
     None,
+    variants=(_kernel("stable"), _kernel("by_where")),
+    mistakes=(
+        (_kernel("zero_padding"), _LANES),
+        (_kernel("no_max"), _NO_MAX),
+        (_kernel("ignores_stride_x"), _STRIDE_X),
+        (_kernel("ignores_stride_y"), _STRIDE_Y),
+        (_kernel("first_row_only"), _UNWRITTEN_ROWS),
+        (_kernel("wrong_signature"), _SIGNATURE),
+    ),
     custom=_check_softmax_kernel,
     params=("kernel",),
     doc="Check a Triton ``softmax_kernel(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr)`` "
@@ -268,13 +384,20 @@ def _delta_case() -> list[Case]:
 
 _HINT_DELTA = "delta is the row-wise dot product of grad_out and out: (grad_out * out).sum(-1)."
 
-BACKWARD_DELTA = exercise(
+BACKWARD_DELTA = Exercise(
     "check_backward_delta",
     "with your delta, P * (dP - delta) equals autograd's gradient of the scores",
     lambda out, grad_out: (grad_out * out).sum(-1),
     _delta_case,
-    (lambda out, grad_out: (grad_out * out).sum(-2), "Sum over dim -1, not -2. " + _HINT_DELTA),
-    (lambda out, grad_out: grad_out.sum(-1), "Multiply by out first. " + _HINT_DELTA),
+    variants=(
+        lambda out, grad_out: torch.einsum("...ld,...ld->...l", out, grad_out),
+        lambda out, grad_out: (grad_out * out).sum(-1, keepdim=True),
+        lambda out, grad_out: (grad_out.unsqueeze(-2) @ out.unsqueeze(-1)).flatten(-3),
+    ),
+    mistakes=(
+        (lambda out, grad_out: (grad_out * out).sum(-2), "Sum over dim -1, not -2. " + _HINT_DELTA),
+        (lambda out, grad_out: grad_out.sum(-1), "Multiply by out first. " + _HINT_DELTA),
+    ),
     hint=_HINT_DELTA,
     atol=1e-9,
     rtol=1e-9,

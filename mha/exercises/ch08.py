@@ -4,20 +4,22 @@ References: RoPE as complex multiplication (``torch.polar``), the merge of split
 the full softmax over the concatenated scores, a block table read by its definition; mistakes:
 neighbour (interleaved) pairs, the frequency exponent without its 2, the rotation backwards, the
 positions ignored; partials averaged, ``exp(lse)`` without the shift (overflow), no
-renormalisation; the table skipped, block and offset swapped, sequence and block swapped.
+renormalisation, the shift by the first split's lse (NaN for an empty split), the weights
+broadcast along the rows; the table skipped, block and offset swapped, sequence and block swapped;
+and the library's own functions, which the exercises ban.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 from torch import Tensor
 
 import mha
 
-from .. import decoding, rope
-from ._harness import Case, Exercise, Mistake, as_int, publish
+from ._harness import Case, Exercise, as_int, publish
 
 
 def _randn(g: torch.Generator, *shape: int) -> Tensor:
@@ -55,18 +57,49 @@ def _rope_slip(x: Tensor, positions: Tensor, **slip: bool) -> Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)  # (..., L, D)
 
 
+def _rope_case(label: str, x: Tensor, positions: Tensor) -> Case:
+    """A RoPE written in float32 (as models do) turns by angles p·θ rounded to float32: an error
+    of about p · 1e-7 radians, which the tolerance allows (a wrong rotation is off by O(1))."""
+    tol = 1e-6 * max(1, int(positions.abs().max()))
+    return Case(label, (x, positions), atol=tol, rtol=tol)
+
+
 def _rope_cases() -> list[Case]:
     g = torch.Generator().manual_seed(80)
     return [
-        Case(
+        _rope_case(
             "rope(x, positions) with x (2, 3, 6, 8), positions 0…5",
-            (_randn(g, 2, 3, 6, 8), torch.arange(6)),
+            _randn(g, 2, 3, 6, 8),
+            torch.arange(6),
         ),
-        Case(
+        _rope_case(
             "rope(x, positions) with x (4, 16), positions [5, 900, 17, 3]",
-            (_randn(g, 4, 16), torch.tensor([5, 900, 17, 3])),
+            _randn(g, 4, 16),
+            torch.tensor([5, 900, 17, 3]),
         ),
     ]
+
+
+def _rope_hugging_face(x: Tensor, positions: Tensor) -> Tensor:
+    """Hugging Face's way, in float32: cos and sin of shape (L, D), and rotate_half."""
+    D = x.shape[-1]
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))  # (D/2,)
+    angles = torch.cat([positions[:, None].float() * inv_freq] * 2, dim=-1)  # (L, D)
+    x1, x2 = x[..., : D // 2], x[..., D // 2 :]
+    return x * angles.cos() + torch.cat([-x2, x1], dim=-1) * angles.sin()
+
+
+def _rope_by_rotation_matrices(x: Tensor, positions: Tensor) -> Tensor:
+    """Each pair times its 2×2 rotation matrix [[cos, -sin], [sin, cos]]."""
+    D = x.shape[-1]
+    theta = 1.0 / 10000.0 ** (torch.arange(0, D, 2, dtype=torch.float64) / D)  # (D/2,)
+    a = positions.double()[:, None] * theta  # (L, D/2)
+    rot = torch.stack(
+        [torch.stack([a.cos(), -a.sin()], -1), torch.stack([a.sin(), a.cos()], -1)], -2
+    )  # (L, D/2, 2, 2)
+    pairs = torch.stack([x[..., : D // 2], x[..., D // 2 :]], -1)  # (..., L, D/2, 2)
+    turned = (rot @ pairs.unsqueeze(-1)).squeeze(-1)  # (..., L, D/2, 2)
+    return torch.cat([turned[..., 0], turned[..., 1]], -1)
 
 
 _HINT_ROPE = (
@@ -80,39 +113,43 @@ def _rope_mistake(name: str) -> Callable[[Tensor, Tensor], Tensor]:
     return lambda x, positions: _rope_slip(x, positions, **{name: True})
 
 
+_NO_APPLY_ROPE = "write the rotation yourself, without mha.apply_rope."
 ROPE = Exercise(
     "check_rope",
     "equals RoPE as complex multiplication (rotate-half pairs, base 10000, float64)",
     _rope_reference,
     _rope_cases,
-    (
-        Mistake(
+    variants=(partial(_rope_slip), _rope_hugging_face, _rope_by_rotation_matrices),
+    mistakes=(
+        (
             _rope_mistake("interleaved"),
             "These are neighbour pairs (2i, 2i + 1), RoFormer's layout; Llama (and this course) "
             "pairs coordinate i with i + D/2. " + _HINT_ROPE,
         ),
-        Mistake(
+        (
             _rope_mistake("no_two"),
             "The exponent is -2i/D (i counts pairs, 2i the coordinates): with -i/D the slowest "
             "pair turns at 10000 ** -0.5 instead of about 1/10000. " + _HINT_ROPE,
         ),
-        Mistake(
+        (
             _rope_mistake("backwards"),
             "The pairs turn the wrong way: the sine's sign is flipped. " + _HINT_ROPE,
         ),
-        Mistake(
+        (
             _rope_mistake("ignore_positions"),
             "Use the positions you are given (they need not be 0 … L-1, e.g. while decoding). "
             + _HINT_ROPE,
         ),
+        (mha.apply_rope, _NO_APPLY_ROPE),
+        (lambda x, positions: mha.apply_rope(x, positions), _NO_APPLY_ROPE),
     ),
     hint=_HINT_ROPE,
     crash_hint="x is (..., L, D) and positions (L,): the angles positions[:, None] * theta are "
     "(L, D/2) and broadcast over the leading dims.",
     atol=1e-10,
     rtol=1e-8,
-    forbidden=[(mha, "apply_rope"), (rope, "apply_rope")],
-    forbidden_hint="write the rotation yourself, without mha.apply_rope.",
+    forbidden=(mha.apply_rope,),
+    forbidden_hint=_NO_APPLY_ROPE,
     params=("rope",),
     doc="Check ``rope(x, positions) -> (..., L, D)``: x ``(..., L, D)`` rotated by RoPE with "
     "base 10000 and rotate-half pairs, ``positions`` an integer tensor ``(L,)``.",
@@ -129,19 +166,25 @@ def _merge_reference(out1: Tensor, lse1: Tensor, out2: Tensor, lse2: Tensor) -> 
 
 
 def _merge_cases() -> list[Case]:
-    """Two splits of real attention; in the second the scores are large (exp(lse) overflows)."""
+    """Two splits of real attention: with several query rows (L = Dv, so that weights broadcast
+    along the wrong axis still run), with scores near 1000 (exp(lse) overflows), and with an empty
+    first split (its output 0, its lse -inf, as a split-KV program that saw no key leaves them)."""
     g = torch.Generator().manual_seed(81)
     cases = []
-    for label, size in (("moderate scores", 1.0), ("scores near 1000", 1000.0)):
-        q, k, v = _randn(g, 2, 3, 1, 16), _randn(g, 2, 3, 40, 16), _randn(g, 2, 3, 40, 8)
-        scores = q @ k.transpose(-2, -1) + size  # (B, H, 1, S): a shift leaves softmax alone
+    for what, size, L, Dv, first in (
+        ("moderate scores, L = 4 queries", 1.0, 4, 4, slice(0, 15)),
+        ("scores near 1000", 1000.0, 1, 8, slice(0, 15)),
+        ("an empty first split (out1 = 0, lse1 = -inf)", 1.0, 3, 5, slice(0, 0)),
+    ):
+        q, k, v = _randn(g, 2, 3, L, 16), _randn(g, 2, 3, 40, 16), _randn(g, 2, 3, 40, Dv)
+        scores = q @ k.transpose(-2, -1) + size  # (B, H, L, S): a shift leaves softmax alone
         parts = []
-        for keys in (slice(0, 15), slice(15, 40)):
-            s = scores[..., keys]  # (B, H, 1, S_i)
+        for keys in (first, slice(first.stop, 40)):
+            s = scores[..., keys]  # (B, H, L, S_i); no key: out_i = 0, lse_i = -inf
             parts += [torch.softmax(s, -1) @ v[..., keys, :], torch.logsumexp(s, -1)]
-        expected = torch.softmax(scores, -1) @ v  # (B, H, 1, Dv): attention over all 40 keys
+        expected = torch.softmax(scores, -1) @ v  # (B, H, L, Dv): attention over all 40 keys
         cases.append(
-            Case(f"merge(out1, lse1, out2, lse2) with {label}", tuple(parts), expected=expected)
+            Case(f"merge(out1, lse1, out2, lse2) with {what}", tuple(parts), expected=expected)
         )
     return cases
 
@@ -156,32 +199,76 @@ def _merge_no_renormalise(out1: Tensor, lse1: Tensor, out2: Tensor, lse2: Tensor
     return (lse1 - m).exp().unsqueeze(-1) * out1 + (lse2 - m).exp().unsqueeze(-1) * out2
 
 
+def _merge_by_max_shift(out1: Tensor, lse1: Tensor, out2: Tensor, lse2: Tensor) -> Tensor:
+    m = torch.maximum(lse1, lse2)[..., None]
+    w1, w2 = (lse1[..., None] - m).exp(), (lse2[..., None] - m).exp()
+    return (w1 * out1 + w2 * out2) / (w1 + w2)
+
+
+def _merge_shift_by_first(out1: Tensor, lse1: Tensor, out2: Tensor, lse2: Tensor) -> Tensor:
+    w2 = (lse2 - lse1).exp().unsqueeze(-1)  # exp(lse2 - lse1) / exp(0): inf if lse1 = -inf
+    return (out1 + w2 * out2) / (1 + w2)
+
+
+def _merge_along_rows(out1: Tensor, lse1: Tensor, out2: Tensor, lse2: Tensor) -> Tensor:
+    w = torch.softmax(torch.stack([lse1, lse2]), dim=0).unsqueeze(-2)  # (2, ..., 1, L)
+    return w[0] * out1 + w[1] * out2  # weight of row l multiplies column l
+
+
 _HINT_MERGE = (
     "Each partial was divided by its own sum exp(lse_i); the whole row's sum is exp(lse) with "
     "lse = logsumexp(lse1, lse2), so out = exp(lse1 - lse)·out1 + exp(lse2 - lse)·out2 "
     "(lse_i broadcast over Dv with [..., None])."
 )
+_NO_MERGE_PARTIALS = "merge the partials yourself, without mha.merge_partials."
 
 MERGE_PARTIALS = Exercise(
     "check_merge_partials",
     "equals attention over all 40 keys, also where exp(lse) overflows (float64)",
     _merge_reference,
     _merge_cases,
-    (
-        Mistake(
+    variants=(
+        _merge_by_max_shift,
+        lambda out1, lse1, out2, lse2: (
+            torch.exp(lse1 - torch.logaddexp(lse1, lse2))[..., None] * out1
+            + torch.exp(lse2 - torch.logaddexp(lse1, lse2))[..., None] * out2
+        ),
+        lambda out1, lse1, out2, lse2: torch.lerp(
+            out2, out1, torch.sigmoid(lse1 - lse2).unsqueeze(-1)
+        ),
+    ),
+    mistakes=(
+        (
             lambda out1, lse1, out2, lse2: (out1 + out2) / 2,
             "An average weighs both splits alike; a split whose keys score higher must count "
             "more, by its softmax mass exp(lse_i). " + _HINT_MERGE,
         ),
-        Mistake(
+        (
             _merge_no_shift,
             "exp(lse) overflows for large scores (inf / inf = NaN): subtract the largest lse "
             "(or the total logsumexp) before exp, as softmax does. " + _HINT_MERGE,
         ),
-        Mistake(
+        (
             _merge_no_renormalise,
             "After shifting by the maximum the weights exp(lse_i - m) no longer sum to 1: "
             "divide by their sum (or shift by the total lse instead). " + _HINT_MERGE,
+        ),
+        (
+            _merge_shift_by_first,
+            "Shift by the largest lse (or the total), not by lse1: a split that saw no key has "
+            "lse1 = -inf, and exp(lse2 - lse1) = inf gives inf / inf = NaN. " + _HINT_MERGE,
+        ),
+        (
+            _merge_along_rows,
+            "lse_i holds one number per query row: give it a last dim of 1, lse_i[..., None], "
+            "so that it broadcasts over Dv; unsqueezed elsewhere it weighs the wrong entries. "
+            + _HINT_MERGE,
+        ),
+        (
+            lambda out1, lse1, out2, lse2: mha.merge_partials(
+                torch.stack([out1, out2]), torch.stack([lse1, lse2])
+            )[0],
+            _NO_MERGE_PARTIALS,
         ),
     ),
     hint=_HINT_MERGE,
@@ -189,8 +276,8 @@ MERGE_PARTIALS = Exercise(
     "(lse[..., None]) to broadcast over Dv.",
     atol=1e-10,
     rtol=1e-8,
-    forbidden=[(m, n) for m in (mha, decoding) for n in ("merge_partials", "flash_decoding")],
-    forbidden_hint="merge the partials yourself, without mha.merge_partials.",
+    forbidden=(mha.merge_partials, mha.flash_decoding),
+    forbidden_hint=_NO_MERGE_PARTIALS,
     params=("merge",),
     doc="Check ``merge(out1, lse1, out2, lse2) -> out``: combine the attention outputs "
     "``(..., L, Dv)`` of two disjoint sets of keys and their row logsumexps ``(..., L)`` into "
@@ -236,28 +323,40 @@ _HINT_LOOKUP = (
     "+ t % block_size."
 )
 
+
+def _slot_by_paged_cache(block_table: list[list[int]], block_size: int, seq: int, t: int) -> int:
+    """Read the slot from a PagedKVCache whose table is replaced by the given one."""
+    cache = mha.PagedKVCache(block_size=block_size)
+    cache.block_table, cache.length = block_table, len(block_table[0]) * block_size
+    return cache.slot(seq, t)
+
+
 PAGE_LOOKUP = Exercise(
     "check_page_lookup",
     "every (sequence, position) lands in its pool slot",
     _slot_reference,
     _lookup_cases,
-    (
-        Mistake(
+    variants=(
+        _slot_by_paged_cache,
+        lambda table, bs, seq, t: table[seq][t // bs] * bs + (t - t // bs * bs),
+    ),
+    mistakes=(
+        (
             lambda table, bs, seq, t: t,
             "The slot of position t is not t: the sequence's blocks are scattered over the "
             "pool; look the logical block up in the block table. " + _HINT_LOOKUP,
         ),
-        Mistake(
+        (
             lambda table, bs, seq, t: table[seq][t % bs] * bs + t // bs,
             "Block and offset are swapped: the block index is t // block_size, the offset "
             "t % block_size. " + _HINT_LOOKUP,
         ),
-        Mistake(
+        (
             lambda table, bs, seq, t: table[t // bs][seq] * bs + t % bs,
             "The table has one row per sequence: block_table[seq][block], not "
             "block_table[block][seq]. " + _HINT_LOOKUP,
         ),
-        Mistake(
+        (
             lambda table, bs, seq, t: table[seq][t // bs] * len(table[seq]) + t % bs,
             "A physical block holds block_size slots: multiply the block by block_size, not by "
             "the number of blocks. " + _HINT_LOOKUP,
@@ -272,5 +371,4 @@ PAGE_LOOKUP = Exercise(
     "physical blocks per sequence.",
 )
 
-EXERCISES = (ROPE, MERGE_PARTIALS, PAGE_LOOKUP)
-publish(globals(), EXERCISES)
+EXERCISES = publish(globals())

@@ -1,0 +1,288 @@
+"""Banned functions are caught by identity, however the learner reached them.
+
+An exercise that is to write what the library has (softmax, attention, the backward pass, RoPE,
+the merge of partials ...) bans the library's version. The checker follows every call the answer
+makes (``mha.exercises._harness.watch``): a Python function by its code object, a torch function
+by a ``TorchFunctionMode``. So a ban holds for an alias imported before the check (at the top of
+this module, as a notebook would have it), an import inside the answer, a helper in another module,
+``functools.partial``, a method, and an answer that catches the error; and the check leaves the
+library, the profiler and torch's function modes as they were.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch import softmax as softmax_alias  # imported before the check, under an alias
+from torch.autograd import grad as autograd_grad  # likewise
+from torch.nn.functional import scaled_dot_product_attention as sdpa_alias  # likewise
+
+import mha
+import mha.exercises
+from mha import apply_rope, decoding, flash, merge_partials, rope  # likewise
+from mha.exercises import EXERCISES, ExerciseError, ch07
+from mha.exercises._harness import watch
+from mha.masks import padding_mask as library_padding_mask
+
+
+def _attention_backward_by(grads):
+    """An attention backward whose gradients come from ``grads(out, (q, k, v), d_out)``."""
+
+    def attention_backward(q, k, v, d_out):
+        q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+        out = torch.softmax(q @ k.mT / math.sqrt(q.shape[-1]), -1) @ v
+        return grads(out, (q, k, v), d_out)
+
+    return attention_backward
+
+
+def _grad_imported_inside(out, inputs, d_out):
+    from torch.autograd import grad as g  # imported during the check
+
+    return g(out, inputs, d_out)
+
+
+def _by_backward(out, inputs, d_out):
+    out.backward(d_out)
+    return tuple(t.grad for t in inputs)
+
+
+def _by_torch_autograd_backward(out, inputs, d_out):
+    torch.autograd.backward(out, d_out)
+    return tuple(t.grad for t in inputs)
+
+
+def _caught(out, inputs, d_out):
+    """Tries autograd, swallows the error, then answers by the formulas: still rejected."""
+    try:
+        return autograd_grad(out, inputs, d_out)
+    except Exception:  # noqa: BLE001 - what a learner might write
+        q, k, v = (t.detach() for t in inputs)
+        return ch07._backward(q, k, v, d_out)
+
+
+def _softmax_backward_by_jacobian(p, dp):
+    jac = torch.autograd.functional.jacobian(lambda s: s.softmax(-1), p.log()[0, 0, 0])
+    return jac @ dp[0, 0, 0]
+
+
+SOFTMAX_EVASIONS = {
+    "torch.softmax as an alias": lambda x, dim=-1: softmax_alias(x, dim),
+    "functools.partial": lambda x, dim=-1: functools.partial(torch.softmax, dim=dim)(x),
+    "operator.methodcaller": lambda x, dim=-1: operator.methodcaller("softmax", dim)(x),
+    "the C function fetched afresh": lambda x, dim=-1: torch._C._VariableFunctions.softmax(x, dim),
+    "Tensor.softmax(x)": lambda x, dim=-1: torch.Tensor.softmax(x, dim),
+    "getattr by name": lambda x, dim=-1: getattr(torch, "soft" + "max")(x, dim),
+    "nn.Softmax": lambda x, dim=-1: nn.Softmax(dim)(x),
+    "torch.special.softmax": lambda x, dim=-1: torch.special.softmax(x, dim),
+    "log_softmax().exp()": lambda x, dim=-1: x.log_softmax(dim).exp(),
+    "mha.softmax": lambda x, dim=-1: mha.softmax(x, dim),
+    "mha.attention.softmax": lambda x, dim=-1: sys.modules["mha.attention"].softmax(x, dim),
+}
+
+EVASIONS = [
+    ("check_softmax", name, answer, "without calling torch.softmax")
+    for name, answer in SOFTMAX_EVASIONS.items()
+] + [
+    (
+        "check_sdpa",
+        "F.sdpa imported under an alias",
+        lambda q, k, v: sdpa_alias(q, k, v),
+        "without calling a ready-made",
+    ),
+    (
+        "check_sdpa",
+        "a helper in another module (mha.flash_attention)",
+        lambda q, k, v: flash.flash_attention(q, k, v, block_size=2),
+        "without calling a ready-made",
+    ),
+    (
+        "check_multi_head_forward",
+        "torch's layer, built inside",
+        lambda query, key, value, *projs: nn.MultiheadAttention(
+            query.shape[-1], projs[-1], batch_first=True, kdim=key.shape[-1], vdim=value.shape[-1]
+        )(projs[0](query), projs[1](key), projs[2](value))[0],
+        "without nn.MultiheadAttention",
+    ),
+    (
+        "check_padding_mask",
+        "mha.masks.padding_mask imported under an alias",
+        lambda lengths, S: library_padding_mask(lengths, S),
+        "without mha.padding_mask",
+    ),
+    (
+        "check_online_softmax_update",
+        "mha.flash.online_softmax_update",
+        lambda *args: flash.online_softmax_update(*args),
+        "without mha.online_softmax_update",
+    ),
+    (
+        "check_softmax_backward",
+        "torch.autograd.grad imported under an alias before the check",
+        lambda p, dp: autograd_grad(torch.softmax(s := p.log().requires_grad_(), -1), s, dp)[0],
+        "without autograd",
+    ),
+    (
+        "check_softmax_backward",
+        "torch.autograd.functional.jacobian",
+        _softmax_backward_by_jacobian,
+        "without autograd",
+    ),
+    (
+        "check_softmax_backward",
+        "torch.func.vjp",
+        lambda p, dp: torch.func.vjp(lambda s: torch.softmax(s, -1), p.log())[1](dp)[0],
+        "without autograd",
+    ),
+    (
+        "check_softmax_backward",
+        "torch's softmax backward kernel",
+        lambda p, dp: torch._softmax_backward_data(dp, p, -1, p.dtype),
+        "without autograd",
+    ),
+    (
+        "check_attention_backward",
+        "torch.autograd.grad imported under an alias before the check",
+        _attention_backward_by(autograd_grad),
+        "without autograd",
+    ),
+    (
+        "check_attention_backward",
+        "torch.autograd.grad imported inside the answer",
+        _attention_backward_by(_grad_imported_inside),
+        "without autograd",
+    ),
+    ("check_attention_backward", ".backward()", _attention_backward_by(_by_backward), "autograd"),
+    (
+        "check_attention_backward",
+        "torch.autograd.backward",
+        _attention_backward_by(_by_torch_autograd_backward),
+        "without autograd",
+    ),
+    (
+        "check_attention_backward",
+        "the error caught and the formulas used instead",
+        _attention_backward_by(_caught),
+        "without autograd",
+    ),
+    (
+        "check_attention_backward",
+        "mha.flash.flash_attention_backward",
+        ch07._by_flash_backward,
+        "flash_attention_backward",
+    ),
+    (
+        "check_rope",
+        "from mha import apply_rope, before the check",
+        lambda x, positions: apply_rope(x, positions),
+        "without mha.apply_rope",
+    ),
+    ("check_rope", "mha.apply_rope passed itself", apply_rope, "without mha.apply_rope"),
+    (
+        "check_rope",
+        "mha.rope.apply_rope",
+        lambda x, positions: rope.apply_rope(x, positions),
+        "without mha.apply_rope",
+    ),
+    (
+        "check_merge_partials",
+        "from mha import merge_partials, before the check",
+        lambda out1, lse1, out2, lse2: merge_partials(
+            torch.stack([out1, out2]), torch.stack([lse1, lse2])
+        )[0],
+        "without mha.merge_partials",
+    ),
+    (
+        "check_merge_partials",
+        "mha.decoding.merge_partials imported inside",
+        lambda out1, lse1, out2, lse2: __import__("mha.decoding").decoding.merge_partials(
+            torch.stack([out1, out2]), torch.stack([lse1, lse2])
+        )[0],
+        "without mha.merge_partials",
+    ),
+]
+
+
+def _library() -> tuple:
+    """What the checks must leave as it is."""
+    return (
+        torch.softmax,
+        torch.Tensor.softmax,
+        F.softmax,
+        F.scaled_dot_product_attention,
+        torch.autograd.grad,
+        torch.autograd.backward,
+        torch.Tensor.backward,
+        mha.apply_rope,
+        rope.apply_rope,
+        mha.merge_partials,
+        decoding.merge_partials,
+        flash.flash_attention_backward,
+        mha.padding_mask,
+        mha.MultiHeadAttention.forward,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "how", "answer", "hint"),
+    EVASIONS,
+    ids=lambda v: v if isinstance(v, str) and v.startswith("check_") else None,
+)
+def test_a_banned_function_is_caught_however_it_was_reached(name, how, answer, hint):
+    library = _library()
+    with pytest.raises(ExerciseError, match=hint):
+        getattr(mha.exercises, name)(answer)
+    assert _library() == library
+    assert sys.getprofile() is None
+    assert torch._C._len_torch_function_stack() == 0
+
+
+def test_every_ban_is_tried_by_an_evasion():
+    """Besides the declared mistakes, which call each banned function directly."""
+    banned = {ex.name for ex in EXERCISES if ex.forbidden}
+    tried = {name for name, *_ in EVASIONS}
+    shared = {"check_lookup_weights", "check_seed_head_fix", "check_masked_attention"}  # NO_SDPA
+    assert banned - tried == shared | {"check_seed_mha_fix"}  # its ban is check_multi_head's
+
+
+def test_the_library_works_after_a_ban():
+    with pytest.raises(ExerciseError):
+        mha.exercises.check_softmax(torch.softmax)
+    x = torch.tensor([[1.0, 2.0, 3.0]], requires_grad=True)
+    torch.testing.assert_close(x.softmax(-1), mha.softmax(x))
+    x.softmax(-1).pow(2).sum().backward()
+    assert x.grad is not None
+
+
+def test_watch_restores_the_previous_profiler_and_lets_allowed_calls_through():
+    calls = []
+
+    def previous(frame, event, arg):
+        calls.append(event)
+
+    sys.setprofile(previous)
+    try:
+        with watch((torch.softmax, autograd_grad), "banned"):
+            y = torch.exp(torch.ones(2)).sum()  # allowed
+        assert sys.getprofile() is previous
+        with pytest.raises(ExerciseError, match="banned"), watch((torch.softmax,), "banned"):
+            functools.partial(torch.softmax, dim=0)(torch.ones(2))
+        assert sys.getprofile() is previous
+    finally:
+        sys.setprofile(None)
+    assert y.item() == pytest.approx(2 * math.e)
+
+
+def test_watch_sees_a_banned_builtin_called_inside_an_allowed_python_function():
+    def helper(x):  # a function of the learner's, or torch's own Python code
+        return x.softmax(-1)
+
+    with pytest.raises(ExerciseError), watch((torch.Tensor.softmax,), "banned"):
+        helper(torch.ones(3))
