@@ -9,7 +9,7 @@ are re-exported here. They speak English, or Chinese after ``set_language("zh")`
 ``MHA_LANG=zh`` set before the first import).
 
 How to add an exercise (three places: the chapter's module, ``_zh.py``, the notebook; the tests
-are generated from the declaration): ``mha/exercises/README.md``.
+are generated from the declaration): the README's "How to add an exercise".
 """
 
 import importlib
