@@ -1,7 +1,10 @@
-"""Run every chapter the way Colab's "Run all" does, and require that it reaches the end.
+"""Every chapter, executed once: as Colab's "Run all" runs it, compared with its stored outputs.
 
-Colab honours no cell tags: it runs the exercise stubs (which the book and nbval skip), and it stops
-at the first error, deliberate or not. It also has no checkout: the setup cell's Colab
+This is `make test-notebooks` (part of `make test`): the one test that executes the chapters. Each
+chapter runs once, under Colab's conditions, and that one run is checked two ways.
+
+Colab's conditions. Colab honours no cell tags: it runs the exercise stubs (which the book skips),
+and it stops at the first error, deliberate or not. It also has no checkout: the setup cell's Colab
 branch `%pip install`s mha from the repository, in a kernel whose working directory holds nothing
 of the course. This test reproduces all of it, offline:
 
@@ -12,20 +15,35 @@ of the course. This test reproduces all of it, offline:
   packages (torch, numpy, matplotlib, ipykernel ...) as "preinstalled" through a `.pth` file, minus
   mha, and imports a fake `google.colab` module at kernel start, so the setup cell takes its Colab
   branch. `%pip` installs into it (never into the test's own environment), with no index: offline.
-* Every code cell runs in order, stopping at the first error, which fails the test with the
-  chapter, the cell's position and the error. After a complete run the test checks that mha came
-  from the installed copy, and that every unattempted exercise stub printed "not attempted yet".
+  The kernel's environment has none of the course's variables (`TRITON_INTERPRET`, `MHA_*`): a
+  Colab runtime has none.
 
-`make test-colab` runs it (part of `make test`); `make test-newest` runs it on the newest releases.
+The checks, all reported together for a chapter:
+
+* Colab: every code cell runs in order and none raises (else: the chapter, the cell's position and
+  the error); mha came from the copy `%pip` installed and the kernel had `google.colab`; every
+  unattempted exercise stub printed "not attempted yet", once per checker call.
+* nbval's (what `pytest --nbval` checked before): every cell stored as executed shows the outputs
+  stored in the notebook, after the sanitize rules of tests/sanitize.cfg (measured numbers printed
+  as `~12.3` and object addresses are masked), except in cells tagged `nbval-ignore-output` (the
+  setup cell); no cell writes to stderr or shows an output field it did not have; a cell stored
+  unexecuted has no outputs. tools/execute_notebook.py compares (`compare_outputs`);
+  tests/test_execute_notebook.py shows that it fails exactly where nbval fails. With the
+  environment variable MHA_COMPARE_OUTPUTS=0 (`make test-newest`: newer releases may print
+  differently) the outputs are not compared.
+
+The tests at the end feed a deliberately broken notebook through the same path and check that
+each failure is caught.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
-import time
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,14 +51,19 @@ import nbformat
 import pytest
 from conftest import REPO, preinstalled_venv, run, skip_or_fail
 
+sys.path.insert(0, str(REPO / "tools"))
+import execute_notebook  # noqa: E402 (tools/ is not a package: it joins the path first)
+
 pytestmark = pytest.mark.slow
 
 CHAPTERS = sorted((REPO / "chapters").glob("[0-9][0-9]_*.ipynb"))
 SETUP_CELL = REPO / "tools" / "setup_cell.txt"
+SANITIZE = REPO / "tests" / "sanitize.cfg"
 GIT_URL_RE = re.compile(r"git\+https://[^\s\"']+")
 CHECKER_CALL_RE = re.compile(r"\bmha\.exercises\.check_\w+\s*\(")
 NOT_ATTEMPTED = "not attempted yet"
 CELL_TIMEOUT = 600  # seconds; a chapter takes about a minute on 2 CPU cores
+COMPARE = os.environ.get("MHA_COMPARE_OUTPUTS", "1").strip() != "0"
 
 # The stand-in for the module Colab's kernel has always imported.
 FAKE_COLAB = (
@@ -112,7 +135,7 @@ def make_standin(root: Path, repository: Path) -> ColabStandIn:
                     "{connection_file}",
                     # Colab's kernel has google.colab loaded before the first cell runs.
                     "--IPKernelApp.exec_lines=import google.colab",
-                    "--InteractiveShell.xmode=Minimal",
+                    # (the runner adds --InteractiveShell.xmode=Minimal)
                 ],
                 "display_name": "Colab stand-in",
                 "language": "python",
@@ -142,17 +165,15 @@ def colab(tmp_path_factory) -> ColabStandIn:
     return make_standin(root, snapshot_working_tree(root / "repository"))
 
 
-def colab_notebook(path: Path, repository: Path) -> nbformat.NotebookNode:
+def colab_notebook(stored: nbformat.NotebookNode, repository: Path) -> nbformat.NotebookNode:
     """The chapter as Colab runs it: no tags, setup cell installing from the local repository."""
-    nb = nbformat.read(path, as_version=4)
+    nb = nbformat.from_dict(json.loads(json.dumps(stored)))  # a deep copy
     for cell in nb.cells:
         cell.metadata.pop("tags", None)
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
     setup = nb.cells[1]  # the chapter opens with its title, then the setup cell
     urls = GIT_URL_RE.findall(setup.source)
     assert len(urls) == 1 and "google.colab" in setup.source, (
-        f"{path.name}: the second cell is not the setup cell with one `%pip install ... git+https://...`"
+        "the second cell is not the setup cell with one `%pip install ... git+https://...`"
     )
     # "localhost" keeps pip's URL check happy; git reads it as a local path.
     setup.source = setup.source.replace(urls[0], f"git+file://localhost{repository}")
@@ -160,34 +181,19 @@ def colab_notebook(path: Path, repository: Path) -> nbformat.NotebookNode:
     return nb
 
 
-def stdout_of(cell: nbformat.NotebookNode) -> str:
-    return "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stdout")
+def colab_environment() -> dict[str, str]:
+    """This process's environment without the course's variables, which no Colab runtime has
+    (tests/conftest.py sets TRITON_INTERPRET for the tests; a chapter must set it itself)."""
+    return {
+        k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET" and not k.startswith("MHA_")
+    }
 
 
-def where_it_stopped(nb: nbformat.NotebookNode) -> str:
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    for n, cell in enumerate(code, start=1):
-        for out in cell.outputs:
-            if out.output_type == "error":
-                first = cell.source.strip().splitlines()[0]
-                printed = stdout_of(cell)[-800:]
-                return (
-                    f"code cell {n} of {len(code) - 1} ({first!r}) raised {out.ename}: {out.evalue}"
-                    + (f"\nafter printing:\n{printed}" if printed else "")
-                )
-    return "no cell shows an error"
-
-
-@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
-def test_run_all_as_in_colab_completes(path, colab):
+def run_as_in_colab(stored: nbformat.NotebookNode, colab: ColabStandIn) -> execute_notebook.Run:
+    """Run all, as in a fresh Colab runtime (mha not installed yet)."""
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
 
-    stored = nbformat.read(path, as_version=4)
-    nb = colab_notebook(path, colab.repository)
-    # Every chapter is a fresh Colab runtime: mha is not installed yet.
     subprocess.run(
         [str(colab.python), "-m", "pip", "uninstall", "--yes", "--quiet", "mha"],
         cwd=colab.content,
@@ -198,48 +204,178 @@ def test_run_all_as_in_colab_completes(path, colab):
         kernel_name="colab-standin",
         kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(colab.kernel_dirs)]),
     )
-    client = NotebookClient(
-        nb,
-        km=km,
+    return execute_notebook.run(
+        colab_notebook(stored, colab.repository),
+        cwd=colab.content,
+        honour_tags=False,  # the tags are gone anyway
         timeout=CELL_TIMEOUT,
-        allow_errors=False,  # stop at the first error, as Run all does (the tags are gone)
-        resources={"metadata": {"path": str(colab.content)}},
-    )
-    start = time.perf_counter()
-    stopped = None
-    try:
-        client.execute()
-    except CellExecutionError:
-        stopped = where_it_stopped(nb)
-    finally:
-        if km.has_kernel:  # nbclient leaves a kernel it was handed running
-            km.shutdown_kernel(now=True)
-    if stopped:
-        pytest.fail(f"{path.name}: Colab's Run all stops: {stopped}", pytrace=False)
-    elapsed = time.perf_counter() - start
-    print(f"{path.name}: ran to the end as in Colab in {elapsed:.1f} s")
-
-    probe = stdout_of(nb.cells[-1])
-    facts = json.loads(probe.split("COLAB-PROBE ", 1)[1])
-    assert facts["colab"], "the kernel had no google.colab: the setup cell took its local branch"
-    assert Path(facts["mha"]).is_relative_to(colab.purelib), (
-        f"mha was imported from {facts['mha']}, not from the copy %pip installed"
+        km=km,
+        env=colab_environment(),
     )
 
-    # Every exercise stub ran and its checker said, once per call, that it was not attempted.
+
+def probe_problems(printed: str, purelib: Path) -> list[str]:
+    """What is wrong with the probe cell's report (empty: the kernel was "Colab" and mha came
+    from the copy the setup cell installed)."""
+    if "COLAB-PROBE " not in printed:
+        return [f"the probe cell printed no report: {printed[-300:]!r}"]
+    facts = json.loads(printed.split("COLAB-PROBE ", 1)[1])
+    problems = []
+    if not facts["colab"]:
+        problems.append("the kernel had no google.colab: the setup cell took its local branch")
+    if not Path(facts["mha"]).is_relative_to(purelib):
+        problems.append(f"mha was imported from {facts['mha']}, not from the copy %pip installed")
+    return problems
+
+
+def stub_problems(stored: nbformat.NotebookNode, result: execute_notebook.Run) -> list[str]:
+    """Every exercise stub the run reached printed "not attempted yet", once per checker call."""
+    problems = []
     for i, cell in enumerate(stored.cells):
         if cell.cell_type != "code" or "skip-execution" not in cell.metadata.get("tags", []):
             continue
+        if i not in result.sent:
+            continue  # not reached: the run stopped before
         calls = len(CHECKER_CALL_RE.findall(cell.source))
-        printed = stdout_of(nb.cells[i])
+        printed = execute_notebook.stdout_of(result.notebook.cells[i])
         lines = [ln for ln in printed.splitlines() if NOT_ATTEMPTED in ln]
-        assert len(lines) == calls, (
-            f"{path.name}, cell {i}: the unattempted stub made {calls} checker call(s) but printed "
-            f"{len(lines)} '{NOT_ATTEMPTED}' line(s); output: {printed[-500:]!r}"
-        )
+        if len(lines) != calls:
+            problems.append(
+                f"cell {i}: the unattempted stub made {calls} checker call(s) but printed "
+                f"{len(lines)} '{NOT_ATTEMPTED}' line(s); output: {printed[-500:]!r}"
+            )
+    return problems
+
+
+def problems_of(
+    stored: nbformat.NotebookNode,
+    result: execute_notebook.Run,
+    purelib: Path,
+    *,
+    compare: bool = COMPARE,
+) -> list[str]:
+    """Everything wrong with one run of a chapter, each check's findings in turn."""
+    problems = []
+    if result.error:
+        problems.append(f"Colab's Run all stops: {result.error}")
+    if compare:
+        rules = execute_notebook.sanitize_rules(SANITIZE)
+        differs = execute_notebook.compare_outputs(stored, result, rules)
+        problems += [f"outputs differ from the stored ones (nbval): {d}" for d in differs.values()]
+    if not result.error:
+        probe = result.notebook.cells[-1]
+        problems += probe_problems(execute_notebook.stdout_of(probe), purelib)
+    problems += stub_problems(stored, result)
+    return problems
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_chapter_runs_as_in_colab_and_shows_its_stored_outputs(path, colab):
+    stored = nbformat.read(path, as_version=4)
+    result = run_as_in_colab(stored, colab)
+    problems = problems_of(stored, result, colab.purelib)
+    assert not problems, f"{path.name}:\n" + "\n".join(problems)
+    compared = "outputs as stored" if COMPARE else "outputs not compared (MHA_COMPARE_OUTPUTS=0)"
+    print(f"{path.name}: ran to the end as in Colab in {result.seconds:.1f} s, {compared}")
 
 
 def test_setup_cell_has_a_colab_branch():
     """The test above relies on it; a plain message here beats a puzzling failure there."""
     text = SETUP_CELL.read_text(encoding="utf-8")
     assert '"google.colab" in sys.modules' in text and len(GIT_URL_RE.findall(text)) == 1, text
+
+
+# --- the same path, fed a deliberately broken notebook: each failure must be caught ---------
+
+
+def code(
+    source: str, outputs: list[dict] | None = None, count: int | None = 1, tags=()
+) -> nbformat.NotebookNode:
+    cell = nbformat.v4.new_code_cell(source, execution_count=count)
+    cell.outputs = [nbformat.v4.new_output(**o) for o in outputs or []]
+    if tags:
+        cell.metadata["tags"] = list(tags)
+    return cell
+
+
+def stdout(text: str) -> dict:
+    return {"output_type": "stream", "name": "stdout", "text": text}
+
+
+STUB = ("skip-execution", "nbval-skip")
+
+
+def broken_chapter() -> nbformat.NotebookNode:
+    """A chapter as a careless edit could leave it, with one cell per failure the test catches.
+    Stored outputs are what `make execute` would have stored before the edit."""
+    setup = SETUP_CELL.read_text(encoding="utf-8").rstrip("\n")
+    return nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_markdown_cell("(ch99)=\n# A broken chapter"),
+            # 1: the setup cell: its output is ignored (nbval-ignore-output)
+            code(
+                setup, [stdout("mha 0.0 | torch 0.0 | device: cpu\n")], 1, ["nbval-ignore-output"]
+            ),
+            # 2: fine: measured numbers and addresses are masked by tests/sanitize.cfg
+            code(
+                'print("naive ~1.25 ms, ratio ~3.1x, <object at 0x7f3a>")',
+                [stdout("naive ~7.5 ms, ratio ~12x, <object at 0xdeadbeef>\n")],
+                2,
+            ),
+            # 3: FAILS: the printed text changed, the stored output was not refreshed
+            code('print("softmax sums to 1")', [stdout("softmax sums to one\n")], 3),
+            # 4: FAILS: a warning on stderr
+            code('import sys\nprint("deprecated", file=sys.stderr)', [], 4),
+            # 5: fine: tagged nbval-ignore-output
+            code('print("anything")', [stdout("something else\n")], 5, ["nbval-ignore-output"]),
+            # 6: fine: an unattempted stub (run, as Colab ignores tags), prints "not attempted yet"
+            code(
+                "def attention_weights(query, key):\n    ...  # your code here\n\n\n"
+                "mha.exercises.check_lookup_weights(attention_weights)",
+                [],
+                None,
+                STUB,
+            ),
+            # 7: FAILS: a stub whose checker call does not say "not attempted yet"
+            code(
+                'print("mha.exercises.check_lookup_weights(attention_weights) skipped")',
+                [],
+                None,
+                STUB,
+            ),
+            # 8: FAILS: a stub that raises (the book skips it; Colab's Run all stops there)
+            code('raise NotImplementedError("write your answer here")', [], None, STUB),
+            # 9: never reached
+            code('print("the end")', [stdout("the end\n")], 6),
+        ]
+    )
+
+
+def test_a_broken_notebook_fails_on_each_broken_cell(colab):
+    stored = broken_chapter()
+    result = run_as_in_colab(stored, colab)
+    problems = problems_of(stored, result, colab.purelib, compare=True)
+    report = "\n".join(problems)
+
+    def about(cell: int) -> list[str]:
+        return [p for p in problems if f"cell {cell} " in p or f"cell {cell}:" in p]
+
+    assert len(problems) == 4, report
+    assert "'stdout' differs" in "".join(about(3)) and "softmax sums to one" in report, report
+    assert "unexpected output fields from running code: ['stderr']" in "".join(about(4)), report
+    assert "made 1 checker call(s) but printed 0" in "".join(about(7)), report
+    assert problems[0].startswith("Colab's Run all stops: code cell 8 of 10"), report
+    assert "NotImplementedError: write your answer here" in problems[0], report
+    # Reached and fine: the setup cell's Colab branch, masked numbers, an ignored output, a stub.
+    assert not about(1) + about(2) + about(5) + about(6), report
+    assert NOT_ATTEMPTED in execute_notebook.stdout_of(result.notebook.cells[6])
+
+
+def test_probe_problems_catch_the_local_branch_and_a_foreign_mha(tmp_path):
+    installed = tmp_path / "site-packages"
+    good = {"mha": str(installed / "mha" / "__init__.py"), "colab": True}
+    assert probe_problems("COLAB-PROBE " + json.dumps(good), installed) == []
+    local = {"mha": str(REPO / "mha" / "__init__.py"), "colab": False}
+    found = probe_problems("COLAB-PROBE " + json.dumps(local), installed)
+    assert len(found) == 2 and "local branch" in found[0] and "not from the copy" in found[1]
+    assert "no report" in probe_problems("", installed)[0]

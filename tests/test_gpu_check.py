@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
+import nbformat
 import pytest
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "tools"))
 
-import gpu_check  # noqa: E402 (tools/ is not a package: it joins the path first)
+import bench_report  # noqa: E402 (tools/ is not a package: it joins the path first)
+import gpu_check  # noqa: E402
 
 # What a results file holds: what chapters/09 renders and the issue asks for.
 FIELDS = {
@@ -28,17 +31,62 @@ FIELDS = {
 
 
 @pytest.mark.slow
-def test_quick_run_on_one_chapter_writes_the_cpu_file(tmp_path, monkeypatch, capsys):
+def test_run_chapter_records_pass_fail_time_and_claims(tmp_path):
+    """run_chapter executes a notebook (tools/execute_notebook.py) with MHA_CLAIMS_FILE set, as
+    mha.claims records a claim there. A small notebook stands in for a chapter: every chapter is
+    executed by the notebook test (tests/test_colab_run.py), once."""
+    claim = {"name": "a / b time", "value": 3.0, "above": 1.5, "below": None, "margin": 2.0}
+    record = f"import json, os\nopen(os.environ['MHA_CLAIMS_FILE'], 'a').write(json.dumps({claim!r}) + '\\n')"
+    cells = [nbformat.v4.new_code_cell(record), nbformat.v4.new_code_cell("print('done')")]
+    good, bad = tmp_path / "01_good.ipynb", tmp_path / "02_bad.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), good)
+    cells = [nbformat.v4.new_code_cell(record), nbformat.v4.new_code_cell("raise ValueError('no')")]
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), bad)
+
+    outcome = gpu_check.run_chapter(good)
+    assert outcome["passed"] is True and outcome["error"] is None
+    assert outcome["seconds"] > 0 and outcome["claims"] == [claim]
+    outcome = gpu_check.run_chapter(bad)
+    assert outcome["passed"] is False and "ValueError: no" in outcome["error"]
+    assert outcome["claims"] == [claim]  # what it measured before it failed
+    assert "MHA_CLAIMS_FILE" not in os.environ
+
+
+def test_main_writes_the_cpu_file(tmp_path, monkeypatch, capsys):
+    """The results file, from a run whose chapter and report are stand-ins (the chapters run in
+    the notebook test, the report in tests/test_bench_report.py: each once per make test)."""
     monkeypatch.setattr(gpu_check, "RESULTS", tmp_path)
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: False)  # the CPU file
+    ran = {"passed": True, "seconds": 1.5, "error": None, "claims": []}
+    monkeypatch.setattr(gpu_check, "run_chapter", lambda path: ran)
+    checks = [
+        bench_report.Check("causal tile-skipping speed-up", 1.8, 1.6, False, "x ~1 ms"),
+        bench_report.Check("a / b time", 1.2, 1.0, True, "a ~1.2 ms, b ~1 ms"),
+    ]
+    asked = {}
+
+    def report(**kwargs):
+        asked.update(kwargs)
+        return checks
+
+    monkeypatch.setattr(gpu_check.bench_report, "run_report", report)
     chapter = REPO / "chapters" / "01_queries_keys_values.ipynb"
     assert gpu_check.main(["--quick", "--chapters", str(chapter)]) == 0
+    assert asked["quick"] is True and asked["device"] == "cpu"
     result = json.loads((tmp_path / "cpu.json").read_text())
     assert set(result) >= FIELDS
-    assert result["chapters"]["01_queries_keys_values"]["passed"] is True
-    assert result["chapters"]["01_queries_keys_values"]["seconds"] > 0
-    assert result["chapters"]["01_queries_keys_values"]["claims"] == []  # it measures nothing
-    names = [c["name"] for c in result["report"]]
-    assert len(names) == 20 and any("causal tile-skipping" in n for n in names)
+    assert result["chapters"] == {"01_queries_keys_values": ran}
+    assert result["report"] == [
+        {
+            "name": c.name,
+            "value": c.value,
+            "target": c.target,
+            "at_most": c.at_most,
+            "passed": c.passed,
+        }
+        for c in checks
+    ]
+    assert [c["passed"] for c in result["report"]] == [True, False]
     assert result["triton_vs_sdpa_fp16"] is None  # no GPU here
     assert "wrote" in capsys.readouterr().out
 

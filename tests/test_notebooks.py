@@ -1,9 +1,10 @@
 """Guards on the committed chapter notebooks.
 
-nbval (run by `make test`) re-executes every chapter and compares outputs; these tests check what
-nbval cannot: that the stored notebooks were executed top to bottom in a fresh kernel, carry the
-shared setup cell, show no unexpected errors, warnings or machine paths, and that every exercise
-has an executed, auto-checked solution. They also keep _toc.yml and chapters/ in step.
+The notebook test (tests/test_colab_run.py, `make test-notebooks`) executes every chapter once and
+compares its outputs with the stored ones; these tests execute nothing and check what that run
+cannot: that the stored notebooks were executed top to bottom in a fresh kernel, carry the shared
+setup cell, show no unexpected errors, warnings or machine paths, and that every exercise has an
+executed, auto-checked solution. They also keep _toc.yml and chapters/ in step.
 """
 
 from __future__ import annotations
@@ -191,7 +192,8 @@ def test_executed_top_to_bottom_in_a_fresh_kernel(notebook):
             assert cell.execution_count is None and not cell.outputs, (
                 f"{path.name}, cell {i}: a skip-execution cell must be stored unexecuted, without outputs"
             )
-            # nbval does not know the skip-execution tag (myst-nb and nbclient do).
+            # nbval does not know the skip-execution tag (myst-nb and nbclient do); nbval-skip also
+            # keeps the notebook test from comparing the stub's outputs (it runs it, as Colab).
             assert "nbval-skip" in tags(cell), (
                 f"{path.name}, cell {i}: a skip-execution cell must also be tagged nbval-skip, "
                 f"or nbval runs it; tags are {tags(cell)}"

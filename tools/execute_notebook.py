@@ -1,30 +1,315 @@
-"""Execute chapter notebooks top to bottom in place, the way they are committed.
+"""The course's one notebook runner: execute a notebook in a fresh kernel, top to bottom.
 
 Usage: python tools/execute_notebook.py chapters/01_queries_keys_values.ipynb [...]
 
-Runs each notebook in a fresh kernel with its directory as the working directory, keeps cells
-tagged ``skip-execution`` unexecuted, stops at the first error (a deliberate error is shown with
-``mha.expect_error``, never by a cell that raises: Colab's "Run all" honours no tags), folds the
-exercise solutions for Colab and JupyterLab (tools/fold_solutions.py), and strips the per-cell
-metadata (timings, widgets state) that nbval does not need.
+On the command line (``make execute``) it re-executes chapters *in place*, the way they are
+committed: each in a fresh kernel with its directory as the working directory, cells tagged
+``skip-execution`` kept unexecuted, stopping at the first error (a deliberate error is shown with
+``mha.expect_error``, never by a cell that raises: Colab's "Run all" honours no tags). It folds the
+exercise solutions for Colab and JupyterLab (tools/fold_solutions.py) and strips the per-cell
+metadata (timings, widgets state) that the tests do not need.
+
+Everything else that executes a notebook uses :func:`run` too: the notebook test
+(tests/test_colab_run.py: Colab's "Run all", no tags honoured, outputs compared with the stored
+ones by :func:`compare_outputs`), ``make gpu-check`` (tools/gpu_check.py) and ``make test-robust``
+(tools/robustness.py).
 
 Tracebacks are stored in IPython's ``Minimal`` mode ("ValueError: message"), so that an error
 never prints file paths of the machine that ran it.
+
+:func:`compare_outputs` is nbval's comparison (``pytest --nbval``, nbval 0.11), reproduced: for
+every code cell that the stored notebook shows executed, the outputs the kernel sent (every one,
+before any ``clear_output``) must equal the stored outputs after the sanitize rules
+(tests/sanitize.cfg), except in cells tagged ``nbval-ignore-output`` or ``nbval-skip`` (or marked
+with nbval's ``# NBVAL_IGNORE_OUTPUT`` / ``# NBVAL_SKIP`` comments). Streams are merged by name, so
+any text on stderr where the stored cell has none fails; images and output metadata are not
+compared. tests/test_execute_notebook.py checks, cell by cell, that it fails exactly where nbval
+itself fails.
 """
 
 from __future__ import annotations
 
+import atexit
+import copy
+import re
 import sys
 import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import nbformat
 from fold_solutions import fold
 from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+from nbformat.v4 import output_from_msg
 
-# tags: nbval, myst-nb and nbclient read them; cellView (Colab) and jupyter.source_hidden
-# (JupyterLab) fold the solutions.
+# tags: myst-nb and nbclient read them, the notebook test too; cellView (Colab) and
+# jupyter.source_hidden (JupyterLab) fold the solutions.
 KEEP_CELL_METADATA = {"tags", "cellView", "jupyter", "mystnb"}
+MINIMAL_TRACEBACKS = "--InteractiveShell.xmode=Minimal"
+
+
+# --- running ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One execution of a notebook.
+
+    Attributes:
+        notebook: the notebook with this run's outputs (as a notebook frontend keeps them).
+        seconds: wall time from kernel start to the end (or to the error).
+        error: ``None`` if every cell ran; else where it stopped and why, in one paragraph.
+        sent: for each code cell the run executed (by index in ``notebook.cells``), every output
+            the kernel sent, in order, ``clear_output`` ignored: what nbval compares.
+    """
+
+    notebook: nbformat.NotebookNode
+    seconds: float
+    error: str | None
+    sent: dict[int, list[nbformat.NotebookNode]] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None
+
+
+class _Client(NotebookClient):
+    """nbclient's client that also keeps every output message, as nbval collects them."""
+
+    def __init__(self, nb: nbformat.NotebookNode, **kw: Any) -> None:
+        super().__init__(nb, **kw)
+        self.sent: dict[int, list[nbformat.NotebookNode]] = {}
+
+    def process_message(
+        self, msg: dict[str, Any], cell: nbformat.NotebookNode, cell_index: int
+    ) -> nbformat.NotebookNode | None:
+        sent = self.sent.setdefault(cell_index, [])  # every executed cell: "busy", "idle" ...
+        if msg["msg_type"] in ("stream", "display_data", "execute_result", "error"):
+            sent.append(output_from_msg(msg))
+        return super().process_message(msg, cell, cell_index)
+
+
+def where_it_stopped(nb: nbformat.NotebookNode) -> str:
+    """The first code cell with an error output: its position, first line, error and stdout."""
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    for n, cell in enumerate(code, start=1):
+        for out in cell.outputs:
+            if out.output_type == "error":
+                lines = cell.source.strip().splitlines()
+                printed = stdout_of(cell)[-800:]
+                return (
+                    f"code cell {n} of {len(code)} ({lines[0] if lines else ''!r}) raised "
+                    f"{out.ename}: {out.evalue}"
+                    + (f"\nafter printing:\n{printed}" if printed else "")
+                )
+    return "no cell shows an error"
+
+
+def stdout_of(cell: nbformat.NotebookNode) -> str:
+    return "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stdout")
+
+
+def run(
+    nb: nbformat.NotebookNode,
+    *,
+    cwd: Path,
+    honour_tags: bool = True,
+    timeout: int = 600,
+    kernel_name: str = "python3",
+    km: Any = None,
+    env: Mapping[str, str] | None = None,
+) -> Run:
+    """Execute ``nb`` (in place: its outputs are replaced) in a fresh kernel started in ``cwd``.
+
+    Every code cell runs in order and the run stops at the first error; no cell may raise, whatever
+    its tags. With ``honour_tags`` cells tagged ``skip-execution`` are left unexecuted (as in the
+    book); without it every cell runs, as in Colab's "Run all". ``km`` is a kernel manager to use
+    (a Colab stand-in's kernelspec); ``env``, the kernel's environment (default: this process's).
+    """
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    client = _Client(
+        nb,
+        km=km,
+        timeout=timeout,
+        kernel_name=kernel_name,
+        resources={"metadata": {"path": str(cwd)}},
+        record_timing=False,
+        # nbclient skips the cells carrying this tag; no cell carries an empty one.
+        skip_cells_with_tag="skip-execution" if honour_tags else "",
+        force_raise_errors=True,  # not even a cell tagged raises-exception may raise
+        extra_arguments=[MINIMAL_TRACEBACKS],
+    )
+    start = time.perf_counter()
+    error = None
+    try:
+        client.execute(**({"env": dict(env)} if env is not None else {}))
+    except CellExecutionError:
+        error = where_it_stopped(nb)
+    except Exception as err:  # a timeout, a dead kernel: no cell output says it
+        error = f"{type(err).__name__}: {err}".strip()[-2000:]
+    finally:
+        if km is not None and km.has_kernel:  # nbclient leaves a kernel it was handed running
+            km.shutdown_kernel(now=True)
+        atexit.unregister(client._cleanup_kernel)  # left registered when a kernel fails to start
+    return Run(nb, time.perf_counter() - start, error, dict(client.sent))
+
+
+# --- comparing with the stored outputs (nbval's rules) ---------------------------------------
+
+# nbval 0.11's output fields and MIME types that are never compared (without --nbdime).
+SKIP_COMPARE = frozenset(
+    {
+        "metadata",
+        "traceback",
+        "prompt_number",
+        "output_type",
+        "name",
+        "execution_count",
+        "application/vnd.jupyter.widget-view+json",
+        "image/png",
+        "image/jpeg",
+    }
+)
+# nbval's markers: cell tags, and comment lines (``# NBVAL_IGNORE_OUTPUT``), which win.
+_TAG_OPTIONS = {
+    "nbval-ignore-output": ("check", False),
+    "pytest-validate-ignore-output": ("check", False),
+    "nbval-check-output": ("check", True),
+    "nbval-skip": ("skip", True),
+}
+_COMMENT_OPTIONS = {
+    "NBVAL_IGNORE_OUTPUT": ("check", False),
+    "PYTEST_VALIDATE_IGNORE_OUTPUT": ("check", False),
+    "NBVAL_CHECK_OUTPUT": ("check", True),
+    "NBVAL_SKIP": ("skip", True),
+}
+_CARRIAGE_RETURN = re.compile(r"^.*\r(?=[^\n])", re.MULTILINE)
+
+
+def sanitize_rules(path: Path) -> list[tuple[str, str]]:
+    """The (regex, replacement) pairs of an nbval sanitize file, read as nbval reads it (a regex
+    given twice keeps its first place and its last replacement)."""
+    text = path.read_text(encoding="utf-8")
+    pairs = re.findall(r"^regex: (.*)$\n^replace: (.*)$", text, flags=re.MULTILINE)
+    return list(dict(pairs).items())
+
+
+def nbval_options(cell: nbformat.NotebookNode) -> dict[str, bool]:
+    """nbval's options for a code cell: ``check`` (compare its outputs) and ``skip`` (run it not)."""
+    options = {"check": True, "skip": False}
+    for tag in cell.metadata.get("tags", []):
+        if tag in _TAG_OPTIONS:
+            key, value = _TAG_OPTIONS[tag]
+            options[key] = value
+    for line in cell.source.splitlines():
+        line = line.strip()
+        if line.startswith("#") and line.lstrip("#").strip() in _COMMENT_OPTIONS:
+            key, value = _COMMENT_OPTIONS[line.lstrip("#").strip()]
+            options[key] = value
+    return options
+
+
+def _coalesced(outputs: Sequence[nbformat.NotebookNode]) -> list[dict[str, Any]]:
+    """Streams merged by name (at the first one's place), a line's text before a \\r dropped:
+    nbval's form."""
+    merged: list[dict[str, Any]] = []
+    streams: dict[str, dict[str, Any]] = {}
+    for out in copy.deepcopy(list(outputs)):
+        if out.get("output_type") == "stream":
+            if out["name"] in streams:
+                streams[out["name"]]["text"] += out["text"]
+                continue
+            streams[out["name"]] = out
+        merged.append(out)
+    for out in streams.values():
+        # nbval 0.11 also means to apply backspaces, but its loop never runs: \b stays as is.
+        out["text"] = _CARRIAGE_RETURN.sub("", out["text"])
+    return merged
+
+
+def _fields(outputs: Sequence[nbformat.NotebookNode], rules: Sequence[tuple[str, str]]) -> dict:
+    """Field (a MIME type, a stream's name, ename ...) -> its sanitized values, in order."""
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, str):
+            for regex, replace in rules:
+                value = re.sub(regex, replace, value)
+        return value
+
+    fields: dict[str, list[Any]] = defaultdict(list)
+    for out in _coalesced(outputs):
+        if out.get("output_type") == "stream":
+            out = {"output_type": "stream", out["name"]: out["text"]}
+        for key, value in out.items():
+            if key in SKIP_COMPARE:
+                continue
+            if key == "data":
+                for mime, data in value.items():
+                    if mime not in SKIP_COMPARE:
+                        fields[mime].append(clean(data))
+            else:
+                fields[key].append(clean(value))
+    return fields
+
+
+def compare_cell(
+    stored: Sequence[nbformat.NotebookNode],
+    sent: Sequence[nbformat.NotebookNode],
+    rules: Sequence[tuple[str, str]],
+) -> str | None:
+    """``None`` if the outputs a run sent match the stored ones under nbval's rules, else why not."""
+    want, got = _fields(stored, rules), _fields(sent, rules)
+    if set(want) - set(got):
+        return f"missing output fields from running code: {sorted(set(want) - set(got))}"
+    if set(got) - set(want):
+        extra = sorted(set(got) - set(want))
+        shown = "; ".join(f"{k}: {str(got[k][0])[:300]!r}" for k in extra)
+        return f"unexpected output fields from running code: {extra} ({shown})"
+    for key, values in want.items():
+        if len(values) != len(got[key]):
+            return f"{len(got[key])} outputs of {key!r}, the stored cell has {len(values)}"
+        for stored_value, new_value in zip(values, got[key], strict=True):
+            if stored_value != new_value:
+                return (
+                    f"{key!r} differs (after tests/sanitize.cfg):\n  stored: {stored_value!r}"
+                    f"\n  now:    {new_value!r}"
+                )
+    return None
+
+
+def compare_outputs(
+    stored: nbformat.NotebookNode, result: Run, rules: Sequence[tuple[str, str]]
+) -> dict[int, str]:
+    """The cells whose outputs in ``result`` differ from those stored in ``stored`` under nbval's
+    rules: cell index -> what differs. The run's notebook has the stored notebook's cells in the
+    same places (it may append cells after them). Cells the run did not reach are not compared."""
+    problems = {}
+    number = 0
+    for i, cell in enumerate(stored.cells):
+        if cell.cell_type != "code":
+            continue
+        number += 1
+        options = nbval_options(cell)
+        if options["skip"]:
+            continue
+        first = (cell.source.strip().splitlines() or [""])[0]
+        where = f"cell {i} (code cell {number}, {first[:60]!r})"
+        if cell.execution_count is None and cell.outputs:
+            problems[i] = f"{where}: stored unexecuted, but with outputs"
+        elif options["check"] and cell.execution_count is not None and i in result.sent:
+            why = compare_cell(cell.outputs, result.sent[i], rules)
+            if why:
+                problems[i] = f"{where}: {why}"
+    return problems
+
+
+# --- make execute: chapters executed in place -------------------------------------------------
 
 
 def clean(nb: nbformat.NotebookNode) -> None:
@@ -47,23 +332,9 @@ def clean(nb: nbformat.NotebookNode) -> None:
 def execute(path: Path, timeout: int = 600) -> float:
     nb = nbformat.read(path, as_version=4)
     fold(nb)  # before running: the stored source is the source that ran
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs = []
-            cell.execution_count = None
-    client = NotebookClient(
-        nb,
-        timeout=timeout,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(path.parent)}},
-        record_timing=False,
-        skip_cells_with_tag="skip-execution",
-        allow_error_names=[],
-        extra_arguments=["--InteractiveShell.xmode=Minimal"],
-    )
-    start = time.perf_counter()
-    client.execute()
-    elapsed = time.perf_counter() - start
+    result = run(nb, cwd=path.parent, timeout=timeout)
+    if result.error:
+        raise RuntimeError(f"{path}: {result.error}")
     # A fresh kernel numbers the executed cells 1..N; tests/test_notebooks.py relies on it.
     counts = [c.execution_count for c in nb.cells if c.cell_type == "code" and c.execution_count]
     if counts != list(range(1, len(counts) + 1)):
@@ -71,7 +342,7 @@ def execute(path: Path, timeout: int = 600) -> float:
     clean(nb)
     nbformat.validate(nb)
     nbformat.write(nb, path)
-    return elapsed
+    return result.seconds
 
 
 def main(argv: list[str]) -> int:

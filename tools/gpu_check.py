@@ -21,14 +21,12 @@ import platform
 import re
 import sys
 import tempfile
-import time
-import traceback
 from pathlib import Path
 
 import nbformat
 import torch
+from execute_notebook import run as run_notebook
 from fold_solutions import fold
-from nbclient import NotebookClient
 
 import mha
 from mha.device import capabilities
@@ -51,37 +49,24 @@ def slug(name: str) -> str:
 
 
 def run_chapter(path: Path) -> dict[str, object]:
-    """Execute one chapter in a fresh kernel, every cell, stopping at the first error.
+    """Execute one chapter in a fresh kernel (tools/execute_notebook.py), every cell, stopping at
+    the first error.
 
     Returns its pass/fail, wall time, error and the measured claims it made (``mha.claims``
     records each one, with its margin, in the file named by ``MHA_CLAIMS_FILE``).
     """
     nb = nbformat.read(path, as_version=4)
     fold(nb)
-    client = NotebookClient(
-        nb,
-        timeout=1200,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(path.parent)}},
-        skip_cells_with_tag="skip-execution",
-        extra_arguments=["--InteractiveShell.xmode=Minimal"],
-    )
-    start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         record = Path(tmp) / "claims.jsonl"
-        os.environ["MHA_CLAIMS_FILE"] = str(record)  # the kernel inherits the environment
-        try:
-            client.execute()
-            error = None
-        except Exception as err:  # the chapter failed: record where, keep going with the others
-            error = "".join(traceback.format_exception_only(type(err), err)).strip()[-2000:]
-        finally:
-            del os.environ["MHA_CLAIMS_FILE"]
+        # The kernel gets this process's environment (robustness.py sets thread counts in it).
+        env = {**os.environ, "MHA_CLAIMS_FILE": str(record)}
+        result = run_notebook(nb, cwd=path.parent, timeout=1200, env=env)
         lines = record.read_text(encoding="utf-8").splitlines() if record.exists() else []
     return {
-        "passed": error is None,
-        "seconds": round(time.perf_counter() - start, 1),
-        "error": error,
+        "passed": result.passed,
+        "seconds": round(result.seconds, 1),
+        "error": result.error[-2000:] if result.error else None,
         "claims": [json.loads(line) for line in lines],
     }
 

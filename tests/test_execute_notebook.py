@@ -1,0 +1,233 @@
+"""tools/execute_notebook.py, the one notebook runner, and its comparison with stored outputs.
+
+The notebook test (tests/test_colab_run.py) no longer runs nbval: it executes each chapter once and
+compares the outputs with execute_notebook.compare_outputs. Here a small notebook, one cell per
+case (masked numbers, changed text, stderr, ignored outputs, clear_output, ...), is run by nbval
+itself and by the runner: both must fail exactly the same cells, the ones listed as failing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import nbformat
+import pytest
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "tools"))
+import execute_notebook  # noqa: E402 (tools/ is not a package: it joins the path first)
+
+SANITIZE = REPO / "tests" / "sanitize.cfg"
+RULES = execute_notebook.sanitize_rules(SANITIZE)
+
+
+def out(kind: str, **fields) -> nbformat.NotebookNode:
+    if kind in ("stdout", "stderr"):
+        return nbformat.v4.new_output("stream", name=kind, text=fields["text"])
+    return nbformat.v4.new_output(kind, **fields)
+
+
+def differs(stored: list, sent: list) -> str | None:
+    return execute_notebook.compare_cell(stored, sent, RULES)
+
+
+def test_sanitize_file_is_read_as_nbval_reads_it():
+    nbval = pytest.importorskip("nbval.plugin")
+    expected = list(nbval.get_sanitize_patterns(SANITIZE.read_text(encoding="utf-8")))
+    assert RULES == expected and len(RULES) >= 2
+
+
+def test_compare_cell_rules():
+    same = [out("stdout", text="naive ~12.31 ms, ratio ~4.1x at 0x7f3a\n")]
+    masked = [out("stdout", text="naive ~3.5 ms, ratio ~11x at 0xdeadbeef\n")]
+    assert differs(same, masked) is None
+    assert "differs" in differs(same, [out("stdout", text="naive 12.31 ms\n")])
+    # stderr, or a stream that is not stored, is an unexpected field; a missing one is missing
+    assert "unexpected" in differs(same, same + [out("stderr", text="warning\n")])
+    assert "missing" in differs(same, [])
+    # streams are merged by name wherever they come, and a line rewritten with \r keeps its end
+    split = [out("stdout", text="a\n"), out("stderr", text=""), out("stdout", text="b\n")]
+    assert "unexpected" in differs([out("stdout", text="a\nb\n")], split)
+    assert differs([out("stdout", text="a\nb\n")], [split[0], split[2]]) is None
+    assert differs([out("stdout", text="100%\n")], [out("stdout", text="10%\r100%\n")]) is None
+    # images and metadata are not compared; text/plain of a figure is
+    fig = {"image/png": "AAAA", "text/plain": "<Figure size 640x480 with 1 Axes>"}
+    stored = [out("display_data", data=fig, metadata={"a": 1})]
+    other = [out("display_data", data={**fig, "image/png": "BBBB"})]
+    assert differs(stored, other) is None
+    other = [out("display_data", data={**fig, "text/plain": "<Figure size 640x480 with 2 Axes>"})]
+    assert "text/plain" in differs(stored, other)
+    # one display more of the same type
+    assert "2 outputs of 'text/plain'" in differs(stored, stored + stored)
+
+
+def cell(source: str, stored: list, count: int | None = 1, tags=()) -> nbformat.NotebookNode:
+    c = nbformat.v4.new_code_cell(source, execution_count=count)
+    c.outputs = stored
+    if tags:
+        c.metadata["tags"] = list(tags)
+    return c
+
+
+# (cell, fails?) — each cell's source runs, its stored outputs are compared
+CASES = [
+    (cell('print("same")', [out("stdout", text="same\n")]), False),
+    (cell('print("t ~1.25 ms")', [out("stdout", text="t ~7.5 ms\n")]), False),
+    (cell('print("object at 0x1234")', [out("stdout", text="object at 0xabcdef\n")]), False),
+    (cell('print("new text")', [out("stdout", text="old text\n")]), True),
+    (cell('import sys\nprint("warn", file=sys.stderr)', []), True),
+    (cell('print("x")', [out("stdout", text="y\n")], tags=["nbval-ignore-output"]), False),
+    (cell('# NBVAL_IGNORE_OUTPUT\nprint("x")', [out("stdout", text="y\n")]), False),
+    (
+        cell(
+            'print("x")\n# NBVAL_CHECK_OUTPUT',
+            [out("stdout", text="y\n")],
+            tags=["nbval-ignore-output"],
+        ),
+        True,
+    ),
+    (
+        cell(
+            'from IPython.display import Markdown, display\ndisplay(Markdown("**a**"))',
+            [
+                out(
+                    "display_data",
+                    data={
+                        "text/markdown": "**b**",
+                        "text/plain": "<IPython.core.display.Markdown object>",
+                    },
+                )
+            ],
+        ),
+        True,
+    ),
+    (
+        cell(
+            'import sys\nprint("a")\nsys.stdout.flush()\nprint("b")', [out("stdout", text="a\nb\n")]
+        ),
+        False,
+    ),
+    (cell('print("10%\\r100%")', [out("stdout", text="100%\n")]), False),
+    (cell("x = 1", [out("stdout", text="1\n")]), True),
+    (
+        cell(
+            'display({"image/png": "iVBORw0KGgo=", "text/plain": "fig"}, raw=True)',
+            [out("display_data", data={"image/png": "AAAA", "text/plain": "fig"})],
+        ),
+        False,
+    ),
+    (
+        cell(
+            'from IPython.display import clear_output\nprint("first")\nclear_output()\nprint("second")',
+            [out("stdout", text="second\n")],
+        ),
+        True,
+    ),
+    (cell('print("z")', [out("stdout", text="z\n")], count=None), True),
+    (cell('print("q")', [out("stdout", text="r\n")], count=5, tags=["nbval-skip"]), False),
+    (cell("1 + 1", [out("execute_result", data={"text/plain": "2"}, execution_count=3)]), False),
+    (cell("2 + 2", [out("execute_result", data={"text/plain": "5"}, execution_count=4)]), True),
+]
+
+
+def nbval_failures(path, tmp_path) -> set[int]:
+    """The code cells (0-based, as nbval counts them) that `pytest --nbval` fails."""
+    report = tmp_path / "nbval.xml"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--nbval",
+            "--nbval-current-env",
+            "--nbval-sanitize-with",
+            str(SANITIZE),
+            f"--junitxml={report}",
+            "-q",
+            path.name,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    failed = set()
+    for case in ET.parse(report).getroot().iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed.add(int(case.get("name").removeprefix("Cell ")))
+    return failed
+
+
+@pytest.mark.slow
+def test_runner_fails_exactly_the_cells_nbval_fails(tmp_path):
+    pytest.importorskip("nbval")
+    nb = nbformat.v4.new_notebook(cells=[c for c, _ in CASES])
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    path = tmp_path / "cases.ipynb"
+    nbformat.write(nb, path)
+
+    expected = {i for i, (_, fails) in enumerate(CASES) if fails}
+    assert nbval_failures(path, tmp_path) == expected
+
+    result = execute_notebook.run(nbformat.read(path, as_version=4), cwd=tmp_path)
+    assert result.passed, result.error
+    stored = nbformat.read(path, as_version=4)
+    problems = execute_notebook.compare_outputs(stored, result, RULES)
+    assert set(problems) == expected, "\n".join(problems.values())
+
+
+@pytest.mark.slow
+def test_run_stops_at_the_first_error_whatever_the_tags(tmp_path):
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            cell('print("one")', []),
+            cell('raise ValueError("on purpose")', [], tags=["raises-exception"]),
+            cell('print("never")', []),
+            cell('print("skipped")', [], tags=["skip-execution"]),
+        ]
+    )
+    result = execute_notebook.run(nb, cwd=tmp_path)
+    assert result.error.startswith("code cell 2 of 4 ('raise ValueError(\"on purpose\")') raised")
+    assert "ValueError: on purpose" in result.error and "one" not in result.error
+    assert set(result.sent) == {0, 1}
+    assert nb.cells[2].execution_count is None and not nb.cells[2].outputs
+
+
+@pytest.mark.slow
+def test_tags_are_honoured_as_in_the_book_or_ignored_as_in_colab(tmp_path):
+    def notebook() -> nbformat.NotebookNode:
+        return nbformat.v4.new_notebook(
+            cells=[cell('print("one")', []), cell('print("stub")', [], tags=["skip-execution"])]
+        )
+
+    book = execute_notebook.run(notebook(), cwd=tmp_path)
+    assert book.passed and set(book.sent) == {0}
+    assert book.notebook.cells[1].execution_count is None and not book.notebook.cells[1].outputs
+    colab = execute_notebook.run(notebook(), cwd=tmp_path, honour_tags=False)
+    assert colab.passed and set(colab.sent) == {0, 1}
+    assert execute_notebook.stdout_of(colab.notebook.cells[1]) == "stub\n"
+
+
+@pytest.mark.slow
+def test_setup_cell_outside_colab_uses_the_checkout():
+    """The notebook test takes the setup cell's Colab branch; this is its other branch, as in a
+    local Jupyter (and make execute): from chapters/, mha comes from the checkout one level up."""
+    setup = (REPO / "tools" / "setup_cell.txt").read_text(encoding="utf-8")
+    probe = 'import json\nprint(json.dumps([mha.__file__, "google.colab" in sys.modules]))'
+    nb = nbformat.v4.new_notebook(cells=[cell(setup, []), cell(probe, [])])
+    result = execute_notebook.run(nb, cwd=REPO / "chapters")
+    assert result.passed, result.error
+    assert execute_notebook.stdout_of(nb.cells[0]).startswith("mha ")
+    where, colab = json.loads(execute_notebook.stdout_of(nb.cells[1]))
+    assert Path(where).is_relative_to(REPO / "mha") and not colab
