@@ -271,8 +271,10 @@ def flash_decoding(
 ) -> Tensor:
     """Attention split over the keys (FlashDecoding): equal to one pass, more parallel work.
 
-    The ``S`` keys are cut into ``num_splits`` contiguous chunks (fewer if ``S < num_splits``);
-    each chunk's attention gives a partial output and its logsumexp (on a GPU, the chunks run
+    The ``S`` keys are cut into contiguous chunks of ``ceil(S / num_splits)`` keys (the last one
+    may be shorter), so there are at most ``num_splits`` of them, and fewer when ``num_splits``
+    does not fit the rounding: ``S < num_splits``, but also e.g. ``S = 9``, ``num_splits = 4``,
+    which gives 3 chunks of 3. Each chunk's attention gives a partial output and its logsumexp (on a GPU, the chunks run
     as separate programs at the same time), and :func:`merge_partials` combines them. Float16 and
     bfloat16 inputs keep the partials and their statistics in float32.
 

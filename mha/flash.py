@@ -378,8 +378,8 @@ def flash_attention_backward(
     """Gradients with respect to query, key and value, rebuilding each tile from ``lse``.
 
     The same tiles as the forward pass (hidden ones skipped), each recomputed:
-    ``P = exp(scores - lse)``, then ``dV += Pᵀ·dO``, ``dS = P ∘ (dO·Vᵀ - D)`` with
-    ``D = rowsum(dO ∘ O)``, ``dQ += dS·K·scale`` and ``dK += dSᵀ·Q·scale``.
+    ``P = exp(scores - lse)``, then ``dV += Pᵀ·dO``, ``dS = P ∘ (dO·Vᵀ - δ)`` with
+    ``δ = rowsum(dO ∘ O)``, ``dQ += dS·K·scale`` and ``dK += dSᵀ·Q·scale``.
 
     Shapes:
         grad_out and out ``(..., L, Dv)``, lse ``(..., L)``, the rest as in the forward pass;
@@ -391,7 +391,7 @@ def flash_attention_backward(
     compute = torch.float32 if query.dtype in validate.LOW_PRECISION else query.dtype
     q = query.to(compute) * scale  # (..., L, D) scaled once, as in the forward pass
     k, v, d_out = key.to(compute), value.to(compute), grad_out.to(compute)
-    delta = (d_out * out.to(compute)).sum(-1, keepdim=True)  # (..., L, 1) D = rowsum(dO ∘ O)
+    delta = (d_out * out.to(compute)).sum(-1, keepdim=True)  # (..., L, 1) δ = rowsum(dO ∘ O)
     # A row that saw no key has lse = -inf and only -inf scores: shifting it by 0 gives weights
     # exp(-inf) = 0, and zero gradients, instead of exp(-inf + inf) = NaN.
     lse = torch.where(torch.isneginf(lse), 0.0, lse).to(compute).unsqueeze(-1)  # (..., L, 1)

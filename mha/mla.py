@@ -11,7 +11,11 @@ saves. It is not needed: the up-projections can be *absorbed*. A score is
 once (``q̃_h = q_h W_UK_h``, ``C`` numbers) and attends to the cached latents directly; the output
 ``Σ_j p_j v_h,j = (Σ_j p_j c_j) W_UV_h`` applies the value up-projection once, after the weighted
 sum (and ``W_UV_h`` can be folded into ``W_O``). The absorbed form is multi-query attention over
-the latents: one shared "head" ``c`` is both key and value.
+the latents: one shared "head" ``c`` is both key and value. That makes a decoding step far less
+memory-bound than MHA's: every cached number is used by all ``H`` heads, so DeepSeek-V3's 128
+heads over a 576-number cache entry (latent and RoPE key) do about 242 FLOPs per byte read in
+16-bit, near an H100's ridge point (about 295), where the step is limited by arithmetic rather
+than by memory.
 
 Why DeepSeek needs a decoupled RoPE key: RoPE rotates a query at position ``i`` and a key at
 position ``j`` by ``R_i`` and ``R_j``, so the score is ``q_hᵀ R_iᵀ R_j W_UK_h c_j``. The matrix

@@ -424,7 +424,12 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool,
         need_weights: bool,
     ) -> tuple[Tensor, Tensor | None]:
-        """Attention per head on the chosen backend; grouped key/value heads are never copied.
+        """Attention per head on the chosen backend.
+
+        Grouped key/value heads are read in place by the math and flash backends (each group's
+        query rows are stacked against their shared head) and handed to torch with
+        ``enable_gqa`` by the sdpa backend; the triton backend's kernel reads one key/value
+        head per query head, so for it they are copied with ``repeat_interleave``.
 
         Shapes:
             q ``(B, H, L, D)``, k and v ``(B, Hkv, S, D)``, attn_mask broadcasting to

@@ -7,9 +7,12 @@ is a rotation by ``a - b``, the score of a rotated query at position ``m`` and a
 position ``n`` depends on the positions only through ``m - n``.
 
 Pairing: coordinate ``i`` goes with coordinate ``i + D/2`` ("rotate half"), as Llama does in
-Hugging Face transformers, not with its neighbour ``i + 1`` as in the RoFormer paper. The two
-conventions give different numbers for the same weights (a permutation of the coordinates), so a
-checkpoint only works with the pairing it was trained with.
+Hugging Face transformers, not with its neighbour ``i + 1`` as in the RoFormer paper and Meta's
+reference Llama code. The two conventions are a fixed permutation of each head's coordinates
+apart: Hugging Face's Llama weight converter permutes the rows of ``W_Q`` and ``W_K`` (row
+``2i + j`` of a head becomes row ``i + j·D/2``), after which rotate-half gives the scores that
+neighbour pairs gave on the original weights. Unpermuted weights work only with the pairing they
+were trained with.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ tiles above it are never even loaded.
 :func:`triton_attention` is differentiable. The forward kernel also saves each row's logsumexp
 (natural-log units, float32, as :func:`mha.flash_attention` with ``return_lse=True``), and the
 backward pass runs three kernels that rebuild the weights tile by tile, ``P = exp(S - lse)``:
-``D = rowsum(dO ∘ O)`` per row; dK and dV with one program per key tile looping over the query
+``δ = rowsum(dO ∘ O)`` per row; dK and dV with one program per key tile looping over the query
 tiles; dQ with one program per query tile looping over the key tiles ("two passes": every
 accumulator has one owner, so no atomic adds and the same result on every run). With
 ``is_causal`` both loops skip the tiles that lie wholly above the diagonal.
@@ -194,7 +194,7 @@ def _attn_bwd_preprocess_kernel(
     H, L,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    # D = rowsum(dO * O): one number per query row, in float32
+    # delta = rowsum(dO * O): one number per query row, in float32
     start_m = tl.program_id(0)
     off_bh = tl.program_id(1)
     off_b = off_bh // H
@@ -277,7 +277,7 @@ def _attn_bwd_dkdv_kernel(
         pT = tl.exp2(tl.where(keep, sT, float("-inf")) - lse[None, :])  # (BLOCK_N, BLOCK_M)
         dv += tl.dot(pT.to(do.dtype), do, input_precision="ieee")  # P^T dO, (BLOCK_N, BLOCK_D)
         dpT = tl.dot(v, tl.trans(do), input_precision="ieee")  # (dO V^T)^T, (BLOCK_N, BLOCK_M)
-        dsT = pT * (dpT - delta[None, :])  # (BLOCK_N, BLOCK_M) dS^T = P^T * (dP^T - D)
+        dsT = pT * (dpT - delta[None, :])  # (BLOCK_N, BLOCK_M) dS^T = P^T * (dP^T - delta)
         dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision="ieee")  # dS^T Q
 
     offs = off_bh * S * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]  # contiguous
@@ -702,7 +702,7 @@ def _backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients ``(dq, dk, dv)`` from the three backward kernels, in the inputs' dtypes.
 
-    First ``D = rowsum(dO ∘ O)`` per row, then the dK/dV pass (one program per key tile, looping
+    First ``δ = rowsum(dO ∘ O)`` per row, then the dK/dV pass (one program per key tile, looping
     over query tiles), then the dQ pass (one program per query tile, looping over key tiles).
 
     Shapes:
