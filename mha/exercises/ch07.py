@@ -156,7 +156,7 @@ def _slip(name: str) -> Callable[..., tuple[Tensor, ...]]:
 
 
 _FORMULAS = (
-    "dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P * (dP - D) with D = rowsum(dO * O), "
+    "dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P * (dP - δ) with δ = rowsum(dO * O), "
     "dQ = dS·K·scale, dK = dSᵀ·Q·scale."
 )
 
@@ -166,7 +166,7 @@ def _einsum_attention_backward(q: Tensor, k: Tensor, v: Tensor, d_out: Tensor):
     p = torch.einsum("...ld,...sd->...ls", q, k).mul(scale).softmax(-1)  # (B, H, L, S)
     out = p @ v  # (B, H, L, Dv)
     dp = torch.einsum("...le,...se->...ls", d_out, v)  # (B, H, L, S)
-    ds = p * (dp - (d_out * out).sum(-1, keepdim=True))  # D = rowsum(dO * O)
+    ds = p * (dp - (d_out * out).sum(-1, keepdim=True))  # δ = rowsum(dO * O)
     dq = torch.einsum("...ls,...sd->...ld", ds, k) * scale
     dk = torch.einsum("...ls,...ld->...sd", ds, q) * scale
     dv = torch.einsum("...ls,...le->...se", p, d_out)
@@ -198,7 +198,7 @@ ATTENTION_BACKWARD = Exercise(
     _attention_cases,
     variants=(lambda q, k, v, d_out: _backward(q, k, v, d_out), _einsum_attention_backward),
     mistakes=(
-        (_slip("no_delta"), "dS = P * (dP - D): the -D term (D = rowsum(dO * O)) is missing."),
+        (_slip("no_delta"), "dS = P * (dP - δ): the -δ term (δ = rowsum(dO * O)) is missing."),
         (_slip("no_scale"), "The scores are q·kᵀ·scale: dQ and dK carry the scale once."),
         (
             _slip("scale_twice"),

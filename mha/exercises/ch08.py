@@ -123,8 +123,9 @@ ROPE = Exercise(
     mistakes=(
         (
             _rope_mistake("interleaved"),
-            "These are neighbour pairs (2i, 2i + 1), RoFormer's layout; Llama (and this course) "
-            "pairs coordinate i with i + D/2. " + _HINT_ROPE,
+            "These are neighbour pairs (2i, 2i + 1), RoFormer's layout (and Meta's Llama code); "
+            "Hugging Face transformers' Llama (and this course) pairs coordinate i with i + D/2. "
+            + _HINT_ROPE,
         ),
         (
             _rope_mistake("no_two"),
