@@ -55,7 +55,7 @@
       var title = link ? link.textContent.replace(/\s+/g, " ").trim() : "";
       el.setAttribute(
         "aria-label",
-        chinese ? "显示/隐藏" + title + "的各节" : "Show/hide sections of " + title
+        chinese ? "显示/隐藏“" + title + "”的各节" : "Show/hide sections of " + title
       );
     });
   }
