@@ -1,5 +1,5 @@
-// The book's own script: a scroll hint on wide tables, and two accessibility fixes for HTML
-// that the Sphinx extensions write. Checked by tests/test_browser.py (axe-core).
+// The book's own script: a scroll hint on wide tables, and accessibility fixes for HTML that
+// the Sphinx extensions and the theme write. Checked by tests/test_browser.py (axe-core).
 "use strict";
 
 (function () {
@@ -42,6 +42,21 @@
     // does not contain its visible text (WCAG 2.5.3, label in name). Its visible text names it.
     document.querySelectorAll('summary[aria-label="Toggle hidden content"]').forEach(function (el) {
       el.removeAttribute("aria-label");
+    });
+    // The sidebar's toggle that shows a chapter's sections is an empty <summary> (an icon only):
+    // it has no accessible name (axe-core: summary-name). Name it after its chapter's link.
+    var chinese = /^zh/i.test(document.documentElement.lang || "");
+    document.querySelectorAll(".has-children > details > summary").forEach(function (el) {
+      if (el.getAttribute("aria-label")) return;
+      var item = el.parentElement.parentElement;
+      var link = Array.prototype.find.call(item.children, function (child) {
+        return child.tagName === "A";
+      });
+      var title = link ? link.textContent.replace(/\s+/g, " ").trim() : "";
+      el.setAttribute(
+        "aria-label",
+        chinese ? "显示/隐藏“" + title + "”的各节" : "Show/hide sections of " + title
+      );
     });
   }
 

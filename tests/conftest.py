@@ -82,7 +82,8 @@ def read_yaml(path: Path) -> dict:
 
 
 def toc_chapter_files(toc: dict) -> list[str]:
-    """Every file listed under the parts/chapters of a jb-book _toc.yml, in reading order."""
+    """Every file listed under the parts/chapters of a jb-book _toc.yml, in reading order, the
+    `sections:` of a chapter right after it."""
     files: list[str] = []
 
     def walk(entries: list[dict]) -> None:
@@ -95,6 +96,16 @@ def toc_chapter_files(toc: dict) -> list[str]:
         walk(part.get("chapters", []))
     walk(toc.get("chapters", []))
     return files
+
+
+def toc_chapters(toc: dict) -> dict[str, list[str]]:
+    """Each chapter file of a jb-book _toc.yml -> the files of its `sections:` (in order)."""
+    chapters: dict[str, list[str]] = {}
+    entries = [e for part in toc.get("parts", []) for e in part.get("chapters", [])]
+    for entry in entries + list(toc.get("chapters", [])):
+        if "file" in entry:
+            chapters[entry["file"]] = [s["file"] for s in entry.get("sections", []) if "file" in s]
+    return chapters
 
 
 @pytest.fixture(scope="session")

@@ -133,6 +133,8 @@ def test_robustness_table_takes_each_claims_worst_margin_worst_first():
     text = robustness.table(rows, min_margin=1.3)
     assert "| 05 | speed-up | > 1.5 | 1.8–3 | 2 | 1.20 ✗ | busy-core |" in text
     assert "| 05 | memory | < 0.25 | 0.05–0.1 | 2 | 2.50 | one-thread |" in text
+    # a section of a chapter (chapters/NN_K_name.ipynb) keeps its number
+    assert [robustness.chapter_number(s) for s in ("05_gpu", "08_1_rope")] == ["05", "08.1"]
 
 
 def test_robustness_conditions_set_threads_and_start_a_neighbour(monkeypatch):

@@ -5,6 +5,11 @@ compares its outputs with the stored ones; these tests execute nothing and check
 cannot: that the stored notebooks were executed top to bottom in a fresh kernel, carry the shared
 setup cell, show no unexpected errors, warnings or machine paths, and that every exercise has an
 executed, auto-checked solution. They also keep _toc.yml and chapters/ in step.
+
+A chapter is one notebook (`NN_name.ipynb`), or an opening page of that name followed by its
+sections (`NN_K_name.ipynb`, K = 1, 2, ..., listed under the chapter's `sections:` in _toc.yml):
+each section runs alone, opens with its own label and title, and is linked from the opening page,
+which has no exercises. A chapter's exercises are counted over its opening page and sections.
 """
 
 from __future__ import annotations
@@ -16,13 +21,16 @@ from urllib.parse import urlparse
 
 import nbformat
 import pytest
-from conftest import REPO, toc_chapter_files
+from conftest import REPO, toc_chapter_files, toc_chapters
 
 sys.path.insert(0, str(REPO / "tools"))
 from fold_solutions import solution_ranges  # noqa: E402 (tools/ joins the path first)
 
 SETUP_CELL = REPO / "tools" / "setup_cell.txt"
 NOTEBOOKS = sorted((REPO / "chapters").glob("[0-9][0-9]_*.ipynb"))
+# A section of chapter NN: chapters/NN_K_name.ipynb (K = 1, 2, ...).
+SECTION_RE = re.compile(r"^(\d\d)_(\d+)_\w+$")
+LABEL_LINE_RE = re.compile(r"^\(([^()\s]+)\)=$")
 
 # Directive openings as MyST writes them: ```{name} ... , ````{name} ... or :::{name} ...
 FENCE = r"^[ \t]*(?:`{3,}|:{3,})"
@@ -132,6 +140,45 @@ def test_readme_and_ci_agree_with_config(book_config):
     )
 
 
+def opening_label(nb) -> str | None:
+    """The label on the first line of a notebook's first cell: `(label)=`."""
+    lines = [line.strip() for line in nb.cells[0].source.splitlines() if line.strip()]
+    match = LABEL_LINE_RE.match(lines[0]) if lines else None
+    return match.group(1) if match else None
+
+
+def test_sections_are_named_after_their_chapter_and_linked_from_its_opening_page(toc):
+    chapters = toc_chapters(toc)
+    listed_sections = {s for sections in chapters.values() for s in sections}
+    for chapter, sections in chapters.items():
+        stem = Path(chapter).name
+        assert not SECTION_RE.match(stem), (
+            f"_toc.yml lists {chapter} as a chapter; a NN_K_name notebook is a section: list it "
+            f"under its chapter's `sections:`"
+        )
+        if not sections:
+            continue
+        opening = nbformat.read(REPO / f"{chapter}.ipynb", as_version=4)
+        markdown = "\n".join(c.source for c in opening.cells if c.cell_type == "markdown")
+        for k, section in enumerate(sections, start=1):
+            name = Path(section).name
+            assert name.startswith(f"{stem[:2]}_{k}_") and SECTION_RE.match(name), (
+                f"section {k} of {chapter} is {section}; name it chapters/{stem[:2]}_{k}_<name>"
+            )
+            label = opening_label(nbformat.read(REPO / f"{section}.ipynb", as_version=4))
+            target = re.escape(str(label))
+            linked = re.search(rf"\{{(?:ref|numref)\}}`(?:[^`]*<)?{target}>?`", markdown)
+            assert linked, (
+                f"{chapter}: the opening page does not link its section {name} ({{ref}}`{label}`)"
+            )
+    for path in NOTEBOOKS:
+        if SECTION_RE.match(path.stem):
+            assert f"chapters/{path.stem}" in listed_sections, (
+                f"{path.name} is named as a section but _toc.yml does not list it under its "
+                f"chapter's `sections:`"
+            )
+
+
 # --- each chapter ----------------------------------------------------------------------------
 
 
@@ -163,9 +210,16 @@ def test_chapter_opens_with_label_and_title(notebook, toc):
     assert cell.cell_type == "markdown", f"{path.name}: the first cell must be markdown"
     lines = [line for line in cell.source.splitlines() if line.strip()]
     label = f"(ch{path.name[:2]})="
-    assert lines and lines[0].strip() == label, (
-        f"{path.name}: the first cell must start with the label line {label}, got {lines[:1]}"
-    )
+    if SECTION_RE.match(path.stem):  # a section: a label of its own under the chapter's
+        label = f"(ch{path.name[:2]}-<name>)="
+        assert lines and re.fullmatch(rf"\(ch{path.name[:2]}-[\w-]+\)=", lines[0].strip()), (
+            f"{path.name}: a section's first cell must start with a label line {label}, "
+            f"got {lines[:1]}"
+        )
+    else:
+        assert lines and lines[0].strip() == label, (
+            f"{path.name}: the first cell must start with the label line {label}, got {lines[:1]}"
+        )
     assert len(lines) > 1 and re.match(r"# \S", lines[1]), (
         f"{path.name}: the label must be followed by the chapter title as a '# ' heading, got {lines[1:2]}"
     )
@@ -262,16 +316,40 @@ def skip_appendix(path: Path, toc: dict) -> None:
         pytest.skip(f"{path.name} is in the Appendix part of _toc.yml: no exercises")
 
 
+def notebook_exercises(nb) -> list[tuple[int, str | None]]:
+    """(cell index, label) of every {exercise} block of a notebook."""
+    return [
+        (i, label)
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "markdown"
+        for label in exercise_labels(cell.source)
+    ]
+
+
+def test_every_chapter_has_at_least_three_exercises(toc):
+    """Counted over a chapter's notebook and its sections; an opening page itself has none."""
+    appendix = appendix_files(toc)
+    for chapter, sections in toc_chapters(toc).items():
+        if chapter in appendix or not chapter.startswith("chapters/"):
+            continue
+        counts = {
+            f: len(notebook_exercises(nbformat.read(REPO / f"{f}.ipynb", as_version=4)))
+            for f in [chapter, *sections]
+        }
+        assert sum(counts.values()) >= 3, (
+            f"{chapter}: {sum(counts.values())} {{exercise}} blocks over {list(counts)}, "
+            f"at least 3 required"
+        )
+        if sections:
+            assert counts[chapter] == 0, (
+                f"{chapter} opens a chapter of sections: its exercises belong in the sections"
+            )
+
+
 def test_exercises_have_executed_auto_checked_solutions(notebook, toc):
     path, nb = notebook
     skip_appendix(path, toc)
-    exercises: list[tuple[int, str | None]] = []
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type == "markdown":
-            exercises += [(i, label) for label in exercise_labels(cell.source)]
-    assert len(exercises) >= 3, (
-        f"{path.name}: {len(exercises)} {{exercise}} blocks, at least 3 required"
-    )
+    exercises = notebook_exercises(nb)
     unlabelled = [i for i, label in exercises if label is None]
     assert not unlabelled, f"{path.name}: {{exercise}} without :label: in cells {unlabelled}"
 
@@ -332,7 +410,7 @@ def test_solutions_are_folded_in_colab_and_jupyterlab(notebook, toc):
     path, nb = notebook
     skip_appendix(path, toc)
     ranges = solution_ranges(nb)
-    assert ranges, f"{path.name}: no solutions found"
+    assert ranges or not notebook_exercises(nb), f"{path.name}: no solutions found"
     inside = set()
     for start, end in ranges:
         for marker in (start, end):

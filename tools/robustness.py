@@ -25,6 +25,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -121,6 +122,12 @@ def _bound(c: dict[str, object]) -> str:
     return f"> {above:g}" if above is not None else f"< {below:g}"
 
 
+def chapter_number(stem: str) -> str:
+    """The number of a chapter ("08": 08_modern_attention) or section ("08.1": 08_1_rope)."""
+    match = re.match(r"\d+(?:_\d+(?=_))?", stem)
+    return match.group().replace("_", ".") if match else stem
+
+
 def table(rows: Sequence[dict[str, object]], min_margin: float) -> str:
     """The rows as a Markdown table, worst margin first."""
     lines = [
@@ -131,7 +138,7 @@ def table(rows: Sequence[dict[str, object]], min_margin: float) -> str:
         values = r["values"]
         flag = "" if r["worst_margin"] >= min_margin else " ✗"  # type: ignore[operator]
         lines.append(
-            f"| {str(r['chapter'])[:2]} | {r['claim']} | {r['bound']}"
+            f"| {chapter_number(str(r['chapter']))} | {r['claim']} | {r['bound']}"
             f" | {min(values):.3g}–{max(values):.3g} | {r['runs']}"  # type: ignore[type-var,arg-type]
             f" | {r['worst_margin']:.2f}{flag} | {r['worst_condition']} |"
         )

@@ -1,7 +1,7 @@
 """The Chinese edition (中文版): translation files, their checks, and the generated Chinese book.
 
-Only markdown is translated. Per English chapter notebook `chapters/<stem>.ipynb` there is one
-translation file `i18n/zh/<stem>.yml`; it maps every markdown cell id to its Chinese text, and
+Only markdown is translated. Per English notebook `chapters/<stem>.ipynb` (a chapter, or a section
+of one: every file of _toc.yml, `sections:` included) there is one translation file `i18n/zh/<stem>.yml`; it maps every markdown cell id to its Chinese text, and
 every figure cell id to its Chinese alt text and caption, each with `en:`, the first 12 hex digits
 of the SHA-256 of the English text it translates (for a figure: alt + "\\n" + caption). When an
 English cell changes, its hash no longer matches and the entry is *stale*. The landing page
@@ -14,9 +14,8 @@ English cell changes, its hash no longer matches and the entry is *stale*. The l
                                             zh/chapters/*.ipynb, zh/chapters/index.md, zh/chapters/glossary.md
 
 Which chapters `check` requires to be fully translated is listed in `i18n/zh/chapters.txt` (plus
-the landing page, always). Chapters 07 and 08 are not listed yet: they are being written and will
-be translated later; add a chapter's stem there when its translation lands. `build` writes every
-chapter of the English table of contents: a listed chapter from its translation, any other one as
+the landing page, always); a chapter's sections are listed one by one. Add a stem there when its
+translation lands. `build` writes every chapter and section of the English table of contents: a listed chapter from its translation, any other one as
 an English copy under a note saying it is not translated yet (so the Chinese book's links resolve;
 a draft translation file of an unlisted chapter is ignored until the chapter is listed). A missing
 or stale cell falls back to its English text (and `check` fails until it is translated).
@@ -128,8 +127,18 @@ def english_toc() -> dict:
     return yaml.safe_load((REPO / "_toc.yml").read_text(encoding="utf-8"))
 
 
+def toc_files(entries: list[dict]) -> list[str]:
+    """The files of toc entries and of their `sections:`, in reading order."""
+    files = []
+    for entry in entries or []:
+        files += [entry["file"]] if "file" in entry else []
+        files += toc_files(entry.get("sections", []))
+    return files
+
+
 def toc_stems(toc: dict) -> list[str]:
-    files = [c["file"] for part in toc.get("parts", []) for c in part.get("chapters", [])]
+    """Every page of the table of contents under chapters/: chapters and their sections."""
+    files = [f for part in toc.get("parts", []) for f in toc_files(part.get("chapters", []))]
     return [f.removeprefix("chapters/") for f in files if f.startswith("chapters/")]
 
 
