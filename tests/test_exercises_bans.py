@@ -26,9 +26,10 @@ from torch.nn.functional import scaled_dot_product_attention as sdpa_alias  # li
 
 import mha
 import mha.exercises
-from mha import apply_rope, decoding, flash, merge_partials, rope  # likewise
+from mha import apply_rope, decoding, flash, kv_memory, merge_partials, rope  # likewise
 from mha.exercises import EXERCISES, ExerciseError, ch07
 from mha.exercises._harness import watch
+from mha.kv_memory import kv_cache_bytes as cache_bytes_alias  # likewise
 from mha.masks import padding_mask as library_padding_mask
 
 
@@ -207,6 +208,50 @@ EVASIONS = [
         )[0],
         "without mha.merge_partials",
     ),
+    (
+        "check_cache_bytes",
+        "from mha.kv_memory import kv_cache_bytes, before the check",
+        lambda config, seq_len, nbytes: cache_bytes_alias(
+            config, seq_len, bytes_per_element=nbytes
+        ),
+        "without mha.kv_cache_bytes",
+    ),
+    (
+        "check_cache_bytes",
+        "functools.partial of mha.kv_memory.kv_cache_bytes",
+        lambda config, seq_len, nbytes: functools.partial(kv_memory.kv_cache_bytes, config)(
+            seq_len, bytes_per_element=nbytes
+        ),
+        "without mha.kv_cache_bytes",
+    ),
+    (
+        "check_cache_bytes",
+        "the config's elements_per_token_per_layer, read by operator.attrgetter",
+        lambda config, seq_len, nbytes: (
+            operator.attrgetter("elements_per_token_per_layer")(config)
+            * seq_len
+            * config.num_layers
+            * nbytes
+        ),
+        "elements_per_token_per_layer",
+    ),
+    (
+        "check_cache_bytes",
+        "the config's uses_window, inside a generator",
+        lambda config, seq_len, nbytes: (
+            nbytes
+            * sum(
+                (
+                    min(seq_len, config.sliding_window or seq_len)
+                    if config.uses_window(i)
+                    else seq_len
+                )
+                * (config.kv_lora_rank or 2 * config.num_kv_heads * config.head_dim)
+                for i in range(config.num_layers)
+            )
+        ),
+        "uses_window",
+    ),
 ]
 
 
@@ -224,6 +269,8 @@ def _library() -> tuple:
         rope.apply_rope,
         mha.merge_partials,
         decoding.merge_partials,
+        mha.kv_cache_bytes,
+        kv_memory.AttentionConfig.uses_window,
         flash.flash_attention_backward,
         mha.padding_mask,
         mha.MultiHeadAttention.forward,
