@@ -832,13 +832,13 @@ def test_chapter8_checkers_reject(name, answer, hint):
 def test_rope_tolerance_is_float32_rounding_of_the_angles():
     """Hugging Face's float32 RoPE differs from the float64 reference by rounding only (~1e-7 at
     positions 0…5, ~4e-6 at position 900): accepted. A rotation off by 1e-4 radians is not."""
-    (case, far) = ch08._rope_cases()
+    (case, far) = ch08.rope._rope_cases()
     for c in (case, far):
-        got, want = ch08._rope_hugging_face(*c.args), ch08._rope_reference(*c.args)
+        got, want = ch08.rope._rope_hugging_face(*c.args), ch08.rope._rope_reference(*c.args)
         assert 0 < (got - want).abs().max() < c.atol / 10
     x, positions = case.args
-    off = ch08._rope_reference(x, positions.double() + 1e-4 * positions.sign())
+    off = ch08.rope._rope_reference(x, positions.double() + 1e-4 * positions.sign())
     with pytest.raises(ExerciseError):
         mha.exercises.check_rope(
-            lambda x_, p_: off if x_.dim() == 4 else ch08._rope_reference(x_, p_)
+            lambda x_, p_: off if x_.dim() == 4 else ch08.rope._rope_reference(x_, p_)
         )

@@ -27,7 +27,7 @@ import mha.exercises
 from mha.exercises import EXERCISES, ExerciseError, _harness, ch06
 from mha.exercises._zh import MESSAGES
 
-SOURCES = sorted((REPO / "mha" / "exercises").glob("*.py"))
+SOURCES = sorted((REPO / "mha" / "exercises").rglob("*.py"))  # sections: chNN/*.py
 
 
 @pytest.fixture(autouse=True)

@@ -462,6 +462,26 @@ class Exercise:
         return problems[0] if problems else None
 
 
+def randn64(g: torch.Generator, *shape: int) -> Tensor:
+    """Standard normal float64 numbers of ``shape`` from the generator ``g`` (case inputs)."""
+    return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+
+def whole(value: object) -> object:
+    """A count as an int if it is one (an integral float, a numpy or 0-dim tensor integer); a
+    pair of counts as a tuple. Anything else is left for the checker to reject."""
+    if isinstance(value, (tuple, list)):
+        return tuple(whole(v) for v in value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if not isinstance(value, (bool, int)) and hasattr(value, "__index__"):
+        try:
+            return value.__index__()
+        except TypeError:  # a float tensor
+            return value
+    return value
+
+
 def as_int(value: object, what: str) -> int:
     """``value`` as an int, or an ``ExerciseError`` naming ``what``."""
     if isinstance(value, bool) or not hasattr(value, "__index__"):

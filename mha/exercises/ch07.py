@@ -22,7 +22,7 @@ from torch import Tensor
 import mha
 
 from .. import flash
-from ._harness import Case, Exercise, ExerciseError, publish, tr
+from ._harness import Case, Exercise, ExerciseError, publish, randn64, tr
 
 #: What the backward exercises are to do by hand: autograd in every form, and torch's own kernel.
 AUTOGRAD = (
@@ -36,10 +36,6 @@ AUTOGRAD = (
 _NO_AUTOGRAD = (
     "compute dS with the formula, without autograd (torch.autograd.grad, .backward(), torch.func)."
 )
-
-
-def _randn(g: torch.Generator, *shape: int) -> Tensor:
-    return torch.randn(*shape, generator=g, dtype=torch.float64)
 
 
 # --- the softmax backward -----------------------------------------------------------------------
@@ -56,8 +52,8 @@ def _softmax_cases() -> list[Case]:
     g = torch.Generator().manual_seed(70)
     cases = []
     for label, shape in (("(2, 3, 4, 6)", (2, 3, 4, 6)), ("(3, 5, 5)", (3, 5, 5))):
-        p = torch.softmax(_randn(g, *shape) * 2, -1)  # (..., L, S), rows sum to 1
-        cases.append(Case(f"softmax_backward(p, dp) on {label}", (p, _randn(g, *shape))))
+        p = torch.softmax(randn64(g, *shape) * 2, -1)  # (..., L, S), rows sum to 1
+        cases.append(Case(f"softmax_backward(p, dp) on {label}", (p, randn64(g, *shape))))
     return cases
 
 
@@ -144,8 +140,8 @@ def _attention_cases() -> list[Case]:
     g = torch.Generator().manual_seed(71)
     cases = []
     for L, S, D in ((6, 6, 8), (5, 7, 16)):
-        q, k, v = _randn(g, 2, 3, L, D), _randn(g, 2, 3, S, D), _randn(g, 2, 3, S, 4)
-        d_out = _randn(g, 2, 3, L, 4)  # dO
+        q, k, v = randn64(g, 2, 3, L, D), randn64(g, 2, 3, S, D), randn64(g, 2, 3, S, 4)
+        d_out = randn64(g, 2, 3, L, 4)  # dO
         label = f"attention_backward(q, k, v, d_out) with L={L}, S={S}"
         cases.append(Case(label, (q, k, v, d_out)))
     return cases
@@ -246,7 +242,7 @@ def _tile_cases() -> list[Case]:
         (1 / math.sqrt(8), slice(4, 8), slice(8, 12), ""),
         (0.3, slice(0, 4), slice(10, 16), ", scale 0.3, scores near 750"),
     ):
-        q, k = _randn(g, 2, 2, 12, 8) * 2, _randn(g, 2, 2, 16, 8) * 2
+        q, k = randn64(g, 2, 2, 12, 8) * 2, randn64(g, 2, 2, 16, 8) * 2
         if what:
             q[..., 0], k[..., 0] = 50.0, 50.0  # the same shift for every key of a row
         scores = q @ k.transpose(-2, -1) * scale  # (B, H, L, S)

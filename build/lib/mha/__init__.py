@@ -1,0 +1,98 @@
+"""Multi-head attention, from intuition to GPU: the code of the course.
+
+The package mirrors PyTorch's names and argument order, so what you learn here transfers:
+
+* :func:`scaled_dot_product_attention` — the readable reference (``mha/attention.py``)
+* :func:`flash_attention` — FlashAttention's tiled forward pass in plain PyTorch (``mha/flash.py``)
+* :func:`linear_attention` — kernel-feature-map attention in O(L) (``mha/linear_attention.py``)
+* :func:`causal_mask`, :func:`padding_mask`, :func:`sliding_window_mask` — keep-masks (``mha/masks.py``)
+* :class:`MultiHeadAttention`, :class:`KVCache` — the module and its decoding cache (``mha/multihead.py``)
+* :class:`PreallocatedKVCache`, :class:`PagedKVCache`, :func:`flash_decoding` — caches that serve
+  and split-KV decoding (``mha/decoding.py``)
+* :func:`apply_rope` — rotary position embedding, Llama's rotate-half pairing (``mha/rope.py``)
+* :class:`MultiHeadLatentAttention`, :class:`LatentCache` — DeepSeek's latent attention (``mha/mla.py``)
+* :func:`kv_cache_bytes`, :class:`AttentionConfig` — KV-cache memory of real models (``mha/kv_memory.py``)
+* :mod:`mha.flex` — the course's masks as FlexAttention ``mask_mod``/``score_mod`` functions
+* :mod:`mha.validation` — the argument checks every public function shares
+* :func:`mha.device.capabilities` — the dtypes and kernels to use on a device (``mha/device.py``)
+
+Two folders build on that code, and nothing in it imports them:
+
+* ``mha/lab/`` — the instruments that measure and draw: :mod:`mha.timing`, :mod:`mha.memory`,
+  :mod:`mha.bench`, :mod:`mha.fit`, :mod:`mha.claims`, :mod:`mha.hardware`, :mod:`mha.viz`,
+  :mod:`mha.charts`, :mod:`mha.figures` (each is ``mha.lab.<name>``, see :mod:`mha.lab`), and
+  :func:`expect_error`, which shows a deliberate error in a notebook without stopping it;
+* ``mha/exercises/`` — :mod:`mha.exercises`, the checkers of your answers to the exercises.
+
+The lab's modules, :mod:`mha.exercises` and :mod:`mha.flex` load on first use (``mha.viz`` is
+``mha.lab.viz``, the same module), so ``import mha`` does not import matplotlib.
+"""
+
+import importlib
+
+from .attention import scaled_dot_product_attention, softmax
+from .decoding import PagedKVCache, PreallocatedKVCache, flash_decoding, merge_partials
+from .flash import flash_attention, online_softmax_update, tile_schedule
+from .kv_memory import AttentionConfig, kv_cache_bytes
+from .lab import MODULES as _LAB_MODULES
+from .lab.demo import expect_error
+from .linear_attention import linear_attention
+from .masks import causal_mask, causal_mask_bottom_right, padding_mask, sliding_window_mask
+from .mla import LatentCache, MultiHeadLatentAttention
+from .multihead import KVCache, MultiHeadAttention
+from .rope import apply_rope, rope_frequencies
+
+__version__ = "0.1.0"
+
+# name -> the module `mha.<name>` stands for, imported on first use.
+_LAZY = {"exercises": ".exercises", "flex": ".flex"} | {m: f".lab.{m}" for m in _LAB_MODULES}
+
+
+def __getattr__(name: str):
+    # The lab, mha.exercises and mha.flex load on first use: `import mha` stays light (no
+    # matplotlib), and the exercises, which build on all of mha, import it without a cycle.
+    # `mha.viz` is `mha.lab.viz` itself (the module object), not a copy.
+    if name in _LAZY:
+        module = importlib.import_module(_LAZY[name], __name__)
+        globals()[name] = module  # found directly from now on
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "AttentionConfig",
+    "KVCache",
+    "LatentCache",
+    "MultiHeadAttention",
+    "MultiHeadLatentAttention",
+    "PagedKVCache",
+    "PreallocatedKVCache",
+    "apply_rope",
+    "bench",
+    "causal_mask",
+    "causal_mask_bottom_right",
+    "charts",
+    "claims",
+    "demo",
+    "exercises",
+    "expect_error",
+    "figures",
+    "fit",
+    "flash_attention",
+    "flash_decoding",
+    "flex",
+    "hardware",
+    "kv_cache_bytes",
+    "linear_attention",
+    "memory",
+    "merge_partials",
+    "online_softmax_update",
+    "padding_mask",
+    "rope_frequencies",
+    "scaled_dot_product_attention",
+    "sliding_window_mask",
+    "softmax",
+    "tile_schedule",
+    "timing",
+    "viz",
+]

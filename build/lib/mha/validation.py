@@ -1,0 +1,355 @@
+"""Argument checks shared by every public function of ``mha``.
+
+One rule everywhere: an argument of the wrong *type* raises ``TypeError``, a value of the right
+type that cannot be used raises ``ValueError``, and every message names the argument and what it
+got (shapes for tensors), so a mistake is found from the message alone. Functions return the
+checked value, so a caller can write ``n = positive_int("n", n)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def shape(t: Tensor) -> tuple[int, ...]:
+    """``t.shape`` as a plain tuple, which prints as ``(2, 4, 8)`` in messages."""
+    return tuple(t.shape)
+
+
+def tensor(
+    name: str,
+    value: Any,
+    *,
+    floating: bool = False,
+    ndim: int | None = None,
+    layout: str | None = None,
+) -> Tensor:
+    """A tensor (optionally of a floating dtype and with exactly ``ndim`` dims).
+
+    ``layout`` names the expected dims in the message, e.g. ``"(B, H, L, D)"``, so that a reader
+    sees which dim is missing rather than only how many there should be.
+    """
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if floating and not value.dtype.is_floating_point:
+        raise TypeError(f"{name} must have a floating dtype, got {value.dtype}")
+    if ndim is not None and value.dim() != ndim:
+        dims = f"{ndim} dims" if layout is None else f"{ndim} dims {layout}"
+        raise ValueError(f"{name} must have {dims}, got shape {shape(value)}")
+    return value
+
+
+def function(name: str, value: Any) -> Callable[..., object]:
+    """Something callable (a function, a lambda, a module)."""
+    if not callable(value):
+        raise TypeError(f"{name} must be callable, got {type(value).__name__}")
+    return value
+
+
+def flag(name: str, value: Any) -> bool:
+    """A real ``bool`` (``0``/``1`` or a tensor would hide a mistake)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
+    return value
+
+
+def _number(name: str, value: Any, kind: type | tuple[type, ...], what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__} ({value!r})")
+
+
+def positive_int(name: str, value: Any) -> int:
+    """An ``int`` greater than zero."""
+    _number(name, value, int, "an int")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return value
+
+
+def non_negative_int(name: str, value: Any) -> int:
+    """An ``int`` that is zero or more."""
+    _number(name, value, int, "an int")
+    if value < 0:
+        raise ValueError(f"{name} must be zero or positive, got {value}")
+    return value
+
+
+def positive_float(name: str, value: Any) -> float:
+    """A finite number greater than zero."""
+    _number(name, value, (int, float), "a number")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+def probability(name: str, value: Any) -> float:
+    """A dropout probability in ``[0, 1)``."""
+    _number(name, value, (int, float), "a float")
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+    return float(value)
+
+
+def scale(value: Any) -> float | None:
+    """``None`` (use ``1/sqrt(D)``) or a finite number multiplying the scores."""
+    if value is None:
+        return None
+    _number("scale", value, (int, float), "a float or None")
+    if not math.isfinite(value):
+        raise ValueError(f"scale must be finite, got {value!r}")
+    return float(value)
+
+
+def one_of(name: str, value: Any, choices: Sequence[object]) -> object:
+    """One of a fixed set of choices."""
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(map(str, choices))}")
+    return value
+
+
+def qkv(query: Any, key: Any, value: Any, *, enable_gqa: bool = False) -> int:
+    """Check that query, key and value fit together; return the group size ``H // Hkv``.
+
+    Shapes:
+        query ``(..., H, L, D)``, key ``(..., Hkv, S, D)``, value ``(..., Hkv, S, Dv)``. Without
+        ``enable_gqa`` all leading dims must be equal (``Hkv = H``, group size 1): a batch is never
+        broadcast silently. With it, ``H`` must be a multiple of ``Hkv`` and the other leading dims
+        equal; query head ``i`` then reads key/value head ``i // (H // Hkv)``.
+    """
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        tensor(name, t, floating=True)
+        if t.dim() < 2:
+            raise ValueError(
+                f"{name} must have at least 2 dims (..., length, dim), got shape {shape(t)}"
+            )
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(
+            f"query, key and value must share a dtype, got {query.dtype}, {key.dtype} and {value.dtype}"
+        )
+    if not (query.device == key.device == value.device):
+        raise ValueError(
+            f"query, key and value must be on one device, got {query.device}, {key.device} and {value.device}"
+        )
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            f"query and key must have the same head dim, got query {shape(query)} and key {shape(key)}"
+        )
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(
+            f"key and value must have the same length S, got key {shape(key)} and value {shape(value)}"
+        )
+    if key.shape[:-2] != value.shape[:-2]:
+        raise ValueError(
+            f"key and value must have the same leading dims, got key {shape(key)} and value {shape(value)}"
+        )
+    same = query.shape[:-2] == key.shape[:-2]
+    if same:
+        return 1
+    gqa_fits = (
+        enable_gqa
+        and query.dim() >= 3
+        and query.dim() == key.dim()
+        and query.shape[:-3] == key.shape[:-3]
+        and query.shape[-3] % key.shape[-3] == 0
+    )
+    if not gqa_fits:
+        what = (
+            "the same leading (batch) dims"
+            if not enable_gqa
+            else "the same batch dims and a head count (dim -3) that is a multiple of key's"
+        )
+        raise ValueError(
+            f"query, key and value must have {what}, got query {shape(query)}, key {shape(key)} "
+            f"and value {shape(value)}"
+        )
+    return query.shape[-3] // key.shape[-3]
+
+
+def attn_mask(mask: Any, target: tuple[int, ...]) -> Tensor:
+    """A bool keep-mask or float bias that broadcasts to the scores ``target`` ``(..., L, S)``.
+
+    The mask may have fewer dims and size-1 dims, but it may never *grow* the scores (that would
+    be a silent broadcast of the batch).
+    """
+    tensor("attn_mask", mask)
+    if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
+        raise TypeError(
+            f"attn_mask must be bool (True = attend) or floating (added to the scores), "
+            f"got dtype {mask.dtype}"
+        )
+    m = shape(mask)
+    if not _broadcasts(m, tuple(target)):
+        raise ValueError(
+            f"attn_mask of shape {m} is not broadcastable to the scores {tuple(target)}"
+        )
+    return mask
+
+
+def integer_tensor(name: str, value: Any, *, ndim: int | None = None) -> Tensor:
+    """A tensor of an integer dtype (not bool, floating or complex), e.g. positions or lengths."""
+    tensor(name, value, ndim=ndim)
+    if value.dtype == torch.bool or value.dtype.is_floating_point or value.dtype.is_complex:
+        raise TypeError(f"{name} must be an integer tensor, got dtype {value.dtype}")
+    return value
+
+
+def _broadcasts(small: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """True if a tensor of shape ``small`` broadcasts to ``target`` without growing it."""
+    return len(small) <= len(target) and all(
+        a in (1, b) for a, b in zip(reversed(small), reversed(target))
+    )
+
+
+def positions(name: str, value: Any, target: tuple[int, ...]) -> int | Tensor:
+    """Token positions: an ``int`` offset ``p0`` (positions ``p0 … p0+L-1``) or an integer tensor.
+
+    A tensor must be ``(L,)`` or broadcast to ``target`` ``(..., L)`` (like :func:`attn_mask`, it
+    may have fewer dims and size-1 dims but never grow ``target``). Positions count tokens, so
+    none may be negative; a float is refused rather than truncated.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError(f"{name} (an offset) must be >= 0, got {value}")
+        return value
+    if not isinstance(value, Tensor):
+        raise TypeError(
+            f"{name} must be an int offset or an integer tensor, "
+            f"got {type(value).__name__} ({value!r})"
+        )
+    integer_tensor(name, value)
+    p = shape(value)
+    if not (0 < len(p) and p[-1] == target[-1] and _broadcasts(p, target)):
+        raise ValueError(
+            f"{name} of shape {p} must be (L,) or broadcast to {tuple(target)} (..., L)"
+        )
+    if value.numel() and int(value.min()) < 0:
+        raise ValueError(f"{name} must be >= 0, got a minimum of {int(value.min())}")
+    return value
+
+
+def index(name: str, value: Any, size: int, what: str) -> int:
+    """An ``int`` index into ``size`` items, in ``[0, size)``: a negative one is an error here,
+    not Python's count from the end (which would silently read another sequence's data).
+
+    ``what`` says in the message where ``size`` comes from, e.g. ``"the cache holds 2 sequences"``.
+    """
+    _number(name, value, int, "an int")
+    if not 0 <= value < size:
+        raise ValueError(f"{name} must be in [0, {size}), got {value} ({what})")
+    return value
+
+
+def floating_dtype(name: str, value: Any) -> torch.dtype | None:
+    """``None`` (torch's default) or a floating ``torch.dtype``."""
+    if value is None:
+        return None
+    if not isinstance(value, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype or None, got {type(value).__name__}")
+    if not value.is_floating_point:
+        raise TypeError(f"{name} must be a floating dtype, got {value}")
+    return value
+
+
+def matches_parameters(name: str, value: Tensor, weight: Tensor) -> Tensor:
+    """An input a module's ``nn.Linear`` can take: the dtype and device of its parameters.
+
+    Without this check a float64 input to a float32 module fails deep inside ``F.linear`` with
+    a ``RuntimeError`` that names neither the argument nor the module. Under autocast the
+    layers cast their inputs themselves, so the dtype may differ there.
+    """
+    if value.dtype != weight.dtype and not torch.is_autocast_enabled(value.device.type):
+        raise TypeError(
+            f"{name} has dtype {value.dtype} but the module's parameters are {weight.dtype}; "
+            f"convert one of them (e.g. {name}.to({weight.dtype}) or module.to({value.dtype}))"
+        )
+    if value.device != weight.device:
+        raise ValueError(
+            f"{name} is on {value.device} but the module's parameters are on {weight.device}"
+        )
+    return value
+
+
+def kv_step(key: Any, value: Any) -> None:
+    """The keys and values of one cache update: ``(B, Hkv, S_new, D)`` and ``(B, Hkv, S_new, Dv)``."""
+    tensor("key", key, floating=True, ndim=4, layout="(B, Hkv, S_new, D)")
+    tensor("value", value, floating=True, ndim=4, layout="(B, Hkv, S_new, Dv)")
+    if key.shape[:3] != value.shape[:3]:
+        raise ValueError(
+            f"key and value must agree in (B, Hkv, S_new), got key {shape(key)} "
+            f"and value {shape(value)}"
+        )
+    if key.device != value.device:
+        raise ValueError(
+            f"key and value must be on one device, got {key.device} and {value.device}"
+        )
+
+
+def kv_fits(key: Tensor, value: Tensor, store_k: Tensor, store_v: Tensor, dims: str) -> None:
+    """A cache update must match the stored keys/values in ``dims`` and the head dims, and
+    in dtype and device (``torch.cat`` or a write would otherwise promote or fail deep inside).
+
+    ``dims`` is ``"(B, Hkv)"`` for a cache laid out like the keys, ``"Hkv"`` for a block pool.
+    """
+    lead = (
+        (key.shape[:2], store_k.shape[:2])
+        if dims == "(B, Hkv)"
+        else (key.shape[1], store_k.shape[1])
+    )
+    if lead[0] != lead[1] or (key.shape[-1], value.shape[-1]) != (
+        store_k.shape[-1],
+        store_v.shape[-1],
+    ):
+        raise ValueError(
+            f"new keys {shape(key)} and values {shape(value)} do not match the cached keys "
+            f"{shape(store_k)} and values {shape(store_v)} ({dims} and the head dims must agree)"
+        )
+    if key.dtype != store_k.dtype or value.dtype != store_v.dtype:
+        raise TypeError(
+            f"new keys and values must have the cache's dtype {store_k.dtype} and "
+            f"{store_v.dtype}, got {key.dtype} and {value.dtype}"
+        )
+    if key.device != store_k.device:
+        raise ValueError(
+            f"new keys must be on the cache's device {store_k.device}, got {key.device}"
+        )
+
+
+def partials(out: Any, lse: Any) -> None:
+    """Partial attention outputs and their logsumexps, one per split of the keys.
+
+    Shapes:
+        out ``(splits, ..., L, Dv)``, lse ``(splits, ..., L)``: exactly ``out.shape[:-1]``, since
+        a broadcast lse (e.g. one split, or one row) would weigh the wrong partials. lse holds
+        softmax statistics, so it is out's dtype, or float32 for float16/bfloat16 outputs
+        (what :func:`mha.flash_attention` returns with ``return_lse=True``).
+    """
+    tensor("out", out, floating=True)
+    tensor("lse", lse, floating=True)
+    if out.dim() < 3:
+        raise ValueError(
+            f"out must have at least 3 dims (splits, ..., L, Dv), got shape {shape(out)}"
+        )
+    if lse.dim() >= 1 and lse.shape[0] != out.shape[0]:
+        raise ValueError(
+            f"out and lse must have the same number of splits (dim 0), got out {shape(out)} "
+            f"and lse {shape(lse)}"
+        )
+    if shape(lse) != shape(out)[:-1]:
+        raise ValueError(
+            f"lse must have out's shape without its last dim (splits, ..., L) = "
+            f"{shape(out)[:-1]}, got out {shape(out)} and lse {shape(lse)}"
+        )
+    expected = torch.float32 if out.dtype in LOW_PRECISION else out.dtype
+    if lse.dtype != expected:
+        raise TypeError(
+            f"lse must have dtype {expected} for out of dtype {out.dtype}, got {lse.dtype}"
+        )
+    if out.device != lse.device:
+        raise ValueError(f"out and lse must be on one device, got {out.device} and {lse.device}")
