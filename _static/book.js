@@ -60,6 +60,19 @@
     });
   }
 
+  // A solution's title bar ("Solution to Exercise 3.1 (...)") opens and closes the solution
+  // (sphinx-togglebutton listens on the whole bar), but sphinx-exercise makes most of it a link
+  // back to the exercise: a tap there jumped away and left the solution closed. The exercise
+  // stands just above; the title becomes plain text, so the whole bar opens the solution.
+  function solutionTitlesToggle() {
+    document.querySelectorAll(".solution > .admonition-title > a.reference").forEach(function (a) {
+      var text = document.createElement("span");
+      text.className = "solution-title-text";
+      text.textContent = a.textContent;
+      a.replaceWith(text);
+    });
+  }
+
   // A code block that scrolls sideways must be reachable from the keyboard (WCAG 2.1.1).
   // The theme gives such blocks tabindex="0" once, at page load (the others get "-1"); a block
   // inside a folded solution has no width then, so it is handled here when it becomes visible
@@ -75,6 +88,7 @@
 
   function init() {
     fixAria();
+    solutionTitlesToggle();
     markScrollableTables();
     if (window.ResizeObserver) {
       var preObserver = new ResizeObserver(focusableCodeBlocks);

@@ -112,12 +112,17 @@ FIGURES_JS = """() => [...document.querySelectorAll('article .cell_output img')]
           shownWidth: img.clientWidth, shownHeight: img.clientHeight};
 })"""
 
-# Code cells whose lines do not fit the text column (the block scrolls sideways), with their
-# longest line. Cells folded away (hidden input, solutions) have no box until opened.
-CODE_OVERFLOW_JS = """() => [...document.querySelectorAll('article div.cell_input pre')]
+# Code blocks whose lines do not fit the text column (the block scrolls sideways), with their
+# longest line: the code cells (at desktop width; package code shown with literalinclude is 100
+# columns wide and scrolls there), or every code block but printed output (on a phone, where
+# code wraps). Cells folded away (hidden input, closed solutions) have no box until opened.
+CODE_OVERFLOW_JS = """selector => [...document.querySelectorAll(selector)]
+  .filter(pre => !pre.closest('.cell_output'))
   .filter(pre => pre.offsetParent !== null && pre.scrollWidth > pre.clientWidth + 1)
   .map(pre => pre.textContent.split('\\n')
                  .reduce((a, b) => (a.length >= b.length ? a : b)).slice(0, 100))"""
+CODE_CELLS = "article div.cell_input pre"
+ALL_CODE = "article div.highlight pre"
 
 
 # sphinx-thebe 0.3.1 writes its inline config script twice into every page under Sphinx 7.4, so
@@ -489,7 +494,7 @@ def test_chapter_page(open_page, site, chapter):
         )
 
     # Code cells fit the text column: chapter code is written at most 80 characters wide.
-    wide_code = page.evaluate(CODE_OVERFLOW_JS)
+    wide_code = page.evaluate(CODE_OVERFLOW_JS, CODE_CELLS)
     assert not wide_code, f"{path}: code cells wider than the column:\n" + "\n".join(wide_code)
 
     # The Colab launch button opens this very notebook on the configured branch.
@@ -561,6 +566,12 @@ def test_phone_page(open_phone_page, path):
                 f"{path}: figure {name} ({fig['styleWidth']:.0f} px wide) shrinks to "
                 f"{scale:.0%} on a phone; draw it narrower or split its panels"
             )
+    check_phone_solutions(page, path)
+    # No code block scrolls sideways on a phone (code wraps), open solutions included.
+    wide_code = page.evaluate(CODE_OVERFLOW_JS, ALL_CODE)
+    assert not wide_code, f"{path}: code blocks scroll sideways on a phone:\n" + "\n".join(
+        wide_code
+    )
     violations = axe_violations(page)
     assert not violations, f"{path}: accessibility violations on a phone (axe-core):\n" + (
         "\n".join(violations)
@@ -572,6 +583,27 @@ def test_phone_page(open_phone_page, path):
     )
     if path == PAGES[0]:  # from the landing page, on the same page load: the drawers
         check_phone_navigation(page, problems)
+
+
+def check_phone_solutions(page, path: str) -> None:
+    """A tap anywhere on a solution's title bar opens it, and the page stays where it is (the
+    title's words are no link back to the exercise that would jump away)."""
+    solutions = page.locator("article div.solution")
+    for i in range(solutions.count()):
+        solution = solutions.nth(i)
+        title = solution.locator(".admonition-title").first
+        body = solution.locator("section, .cell").first
+        assert not body.is_visible(), f"{path}: solution {i + 1} is shown before it is opened"
+        assert not title.locator("a").count(), f"{path}: solution {i + 1}'s title is a link"
+        url = page.url
+        # A finger on the words that were the link ("Exercise 3.1 (...)"), as a reader taps.
+        words = title.locator(".solution-title-text").first
+        words.scroll_into_view_if_needed()
+        box = words.bounding_box()
+        assert box, f"{path}: solution {i + 1}'s title has no words"
+        page.touchscreen.tap(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        body.wait_for(state="visible", timeout=5000)
+        assert page.url == url, f"{path}: tapping solution {i + 1}'s title went to {page.url}"
 
 
 def open_drawer(page, side: str, what: str):
