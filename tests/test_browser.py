@@ -544,6 +544,8 @@ def check_wide_content(page, path: str) -> None:
 def test_phone_page(open_phone_page, path):
     """On a phone: the page never scrolls sideways, wide content scrolls in its own box, axe."""
     page, problems = open_phone_page(path)
+    if path == PAGES[0]:
+        check_start_here(page, path)
     overflow = page.evaluate(PAGE_OVERFLOW_JS)
     assert overflow["scrollWidth"] <= overflow["width"] and not overflow["culprits"], (
         f"{path}: the page scrolls sideways at {PHONE['width']} px "
@@ -583,6 +585,19 @@ def test_phone_page(open_phone_page, path):
     )
     if path == PAGES[0]:  # from the landing page, on the same page load: the drawers
         check_phone_navigation(page, problems)
+
+
+def check_start_here(page, path: str) -> None:
+    """The landing page links the first chapter in the first screen of a phone, before any
+    scrolling: a reader who arrives there sees where to start."""
+    first = Path(CHAPTERS[0]).name
+    link = page.locator(f'article a[href$="{first}.html"]').first
+    assert link.count(), f"{path}: no link to {first}"
+    box = link.bounding_box()
+    assert box and box["y"] + box["height"] <= PHONE["height"], (
+        f"{path}: the first link to {first} is {box and round(box['y'])} px down, below the "
+        f"first screen ({PHONE['height']} px)"
+    )
 
 
 def check_phone_solutions(page, path: str) -> None:
@@ -761,6 +776,8 @@ def test_chinese_page(open_page, site, path):
 def test_chinese_page_on_a_phone(open_phone_page, path):
     """Chinese lines break anywhere, but code and math inside them must not widen the page."""
     page, problems = open_phone_page(f"zh/{path}")
+    if path == ZH_PAGES[0]:
+        check_start_here(page, f"zh/{path}")
     overflow = page.evaluate(PAGE_OVERFLOW_JS)
     assert overflow["scrollWidth"] <= overflow["width"] and not overflow["culprits"], (
         f"zh/{path}: the page scrolls sideways at {PHONE['width']} px; what sticks out:\n"
