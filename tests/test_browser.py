@@ -636,13 +636,28 @@ def check_phone_navigation(page, problems: dict) -> None:
     """Below desktop width the sidebars are drawers: their buttons must open them, and their
     links must work (pydata-sphinx-theme 0.17 left both buttons dead, its issue #2451). Starts on
     the landing page at phone width (test_phone_page calls it there) and ends on a chapter."""
-    target = CHAPTERS[min(2, len(CHAPTERS) - 1)]
+    # The third chapter of the drawer; where it has sections (folded under it until its toggle
+    # opens them), its first section, a page with in-page contents.
+    chapters = [c for part in read_yaml(REPO / "_toc.yml")["parts"] for c in part["chapters"]]
+    chapter = chapters[min(2, len(chapters) - 1)]
+    sections = chapter.get("sections", [])
+    target = sections[0]["file"] if sections else chapter["file"]
 
     # The chapter list is hidden until the menu button opens it.
     drawer = open_drawer(page, "primary", "the chapter list")
-    links = drawer.locator(f'a[href$="{Path(target).name}.html"]')
-    assert links.count() == 1, f"the opened chapter list has no link to {target}"
-    links.first.click()
+    links = drawer.locator(f'a[href$="{Path(chapter["file"]).name}.html"]')
+    assert links.count() == 1, f"the opened chapter list has no link to {chapter['file']}"
+    if sections:
+        toggle = links.first.locator("xpath=..").locator("> details > summary")
+        assert toggle.count() == 1, f"{chapter['file']}: no toggle for its sections in the drawer"
+        name = toggle.get_attribute("aria-label") or ""
+        assert links.first.inner_text().strip() in name, f"the sections' toggle is named {name!r}"
+        link = drawer.locator(f'a[href$="{Path(target).name}.html"]').first
+        assert not link.is_visible(), f"{target} is listed before its chapter's toggle opens it"
+        toggle.locator(".toctree-toggle").click()  # the chevron (the summary has no height)
+    else:
+        link = links.first
+    link.click()
     page.wait_for_url(f"**/{target}.html", wait_until="load", timeout=10_000)
     heading = page.locator("article h1").first.inner_text()
     assert heading.strip(), f"{target}: no heading after following the sidebar link"
