@@ -6,7 +6,7 @@
 #                 lint, unit, notebooks, book, browser
 #   make lint     ruff format --check, ruff check and mypy over the package, tests and tools
 #   make test-unit      the unit tests and the notebook guards (no chapter is executed)
-#   make test-notebooks every chapter executed once, as Colab's "Run all" does, its outputs
+#   make test-notebooks every notebook executed once, as Colab's "Run all" does, its outputs
 #                 compared with the stored ones as nbval would (make test-colab: the same)
 #   make test-newest  the notebook test on the newest Python, torch, numpy, matplotlib (downloads)
 #   make test-browser the built book in headless Chromium
