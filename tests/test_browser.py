@@ -35,7 +35,7 @@ from urllib.parse import urljoin, urlparse
 
 import nbformat
 import pytest
-from conftest import REPO, read_yaml, skip_or_fail, toc_chapter_files
+from conftest import REPO, read_yaml, skip_or_fail, toc_chapter_files, toc_chapters
 
 pytestmark = pytest.mark.browser
 
@@ -638,18 +638,17 @@ def check_phone_navigation(page, problems: dict) -> None:
     the landing page at phone width (test_phone_page calls it there) and ends on a chapter."""
     # The third chapter of the drawer; where it has sections (folded under it until its toggle
     # opens them), its first section, a page with in-page contents.
-    chapters = [c for part in read_yaml(REPO / "_toc.yml")["parts"] for c in part["chapters"]]
-    chapter = chapters[min(2, len(chapters) - 1)]
-    sections = chapter.get("sections", [])
-    target = sections[0]["file"] if sections else chapter["file"]
+    chapters = list(toc_chapters(read_yaml(REPO / "_toc.yml")).items())
+    chapter, sections = chapters[min(2, len(chapters) - 1)]
+    target = sections[0] if sections else chapter
 
     # The chapter list is hidden until the menu button opens it.
     drawer = open_drawer(page, "primary", "the chapter list")
-    links = drawer.locator(f'a[href$="{Path(chapter["file"]).name}.html"]')
-    assert links.count() == 1, f"the opened chapter list has no link to {chapter['file']}"
+    links = drawer.locator(f'a[href$="{Path(chapter).name}.html"]')
+    assert links.count() == 1, f"the opened chapter list has no link to {chapter}"
     if sections:
         toggle = links.first.locator("xpath=..").locator("> details > summary")
-        assert toggle.count() == 1, f"{chapter['file']}: no toggle for its sections in the drawer"
+        assert toggle.count() == 1, f"{chapter}: no toggle for its sections in the drawer"
         name = toggle.get_attribute("aria-label") or ""
         assert links.first.inner_text().strip() in name, f"the sections' toggle is named {name!r}"
         link = drawer.locator(f'a[href$="{Path(target).name}.html"]').first
