@@ -396,17 +396,21 @@ def notebook_facts(stem: str) -> dict:
     nb = nbformat.read(REPO / "chapters" / f"{stem}.ipynb", as_version=4)
     title = next(ln for ln in nb.cells[0].source.splitlines() if ln.startswith("# "))[2:].strip()
     markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    figures = [  # the PNG outputs the book shows, in page order
+        o
+        for c in nb.cells
+        if c.cell_type == "code"
+        and not {"remove-output", "remove-cell"} & set(c.metadata.get("tags", []))
+        for o in c.outputs
+        if "image/png" in o.get("data", {})
+    ]
     return {
         "title": title,
         "exercises": len(re.findall(r"\{exercise(?:-start)?\}", markdown)),
         "solutions": len(re.findall(r"\{solution-start\}", markdown)),
-        "pngs": sum(
-            "image/png" in o.get("data", {})
-            for c in nb.cells
-            if c.cell_type == "code"
-            and not {"remove-output", "remove-cell"} & set(c.metadata.get("tags", []))
-            for o in c.outputs
-        ),
+        "pngs": len(figures),
+        # What tools/figure_text.py recorded when make execute drew each figure (None: nothing).
+        "text": [o.get("metadata", {}).get("mha_text") for o in figures],
     }
 
 
@@ -569,6 +573,8 @@ def test_phone_page(open_phone_page, path):
                 f"{scale:.0%} on a phone; draw it narrower or split its panels"
             )
     check_phone_solutions(page, path)
+    if path != PAGES[0]:
+        check_figure_text(page, path)
     # No code block scrolls sideways on a phone (code wraps), open solutions included.
     wide_code = page.evaluate(CODE_OVERFLOW_JS, ALL_CODE)
     assert not wide_code, f"{path}: code blocks scroll sideways on a phone:\n" + "\n".join(
@@ -585,6 +591,40 @@ def test_phone_page(open_phone_page, path):
     )
     if path == PAGES[0]:  # from the landing page, on the same page load: the drawers
         check_phone_navigation(page, problems)
+
+
+MIN_FIGURE_TEXT_PX = 9  # CSS px: the smallest label a reader can read on a phone, unzoomed
+
+
+def check_figure_text(page, path: str) -> None:
+    """No figure's smallest label (tick labels, legends, titles, annotations) is drawn under
+    MIN_FIGURE_TEXT_PX tall at phone width. Its size comes from the notebook: make execute records
+    each figure's smallest text against the image's width (tools/figure_text.py); the page gives
+    the width the phone shows it at. Solutions are open (check_phone_solutions), so every figure
+    is on screen."""
+    recorded = notebook_facts(Path(path).stem)["text"]
+    shown = page.evaluate(FIGURES_JS)
+    assert len(shown) == len(recorded), (
+        f"{path}: {len(shown)} figures on the page, {len(recorded)} PNG outputs in the notebook"
+    )
+    small = []
+    for number, (fig, text) in enumerate(zip(shown, recorded, strict=True), 1):
+        if text is None:
+            small.append(f"figure {number}: no text size recorded (run make execute on it)")
+            continue
+        if text["fraction"] is None:  # no words to read
+            continue
+        px = text["fraction"] * fig["shownWidth"]
+        if px < MIN_FIGURE_TEXT_PX:
+            small.append(
+                f"figure {number}: {text['min_pt']:g} pt text in a {text['width_in']:.1f}-inch "
+                f"figure shown {fig['shownWidth']} px wide is {px:.1f} px tall"
+            )
+    assert not small, (
+        f"{path}: figure labels under {MIN_FIGURE_TEXT_PX} px at {PHONE['width']} px wide "
+        "(larger text, or a narrower figure: panels stacked rather than side by side):\n"
+        + "\n".join(small)
+    )
 
 
 def check_start_here(page, path: str) -> None:

@@ -231,3 +231,31 @@ def test_setup_cell_outside_colab_uses_the_checkout():
     assert execute_notebook.stdout_of(nb.cells[0]).startswith("mha ")
     where, colab = json.loads(execute_notebook.stdout_of(nb.cells[1]))
     assert Path(where).is_relative_to(REPO / "mha") and not colab
+
+
+@pytest.mark.slow
+def test_make_execute_records_the_smallest_text_of_each_figure(tmp_path):
+    """What tests/test_browser.py reads to check figure labels on a phone: make execute's kernel
+    (tools/figure_text.py) stores each figure's smallest text against the image's width."""
+    draw = (
+        "import matplotlib.pyplot as plt\n"
+        "fig, ax = plt.subplots(figsize=(4.0, 3.0), layout='constrained')\n"
+        "ax.plot([0, 1], [0, 1], label='a line')\n"
+        "ax.legend(fontsize=7)\n"
+        "ax.set_title('big', fontsize=20)\n"
+        "plt.show()\n"
+        "fig, ax = plt.subplots(figsize=(2.0, 2.0))\n"
+        "ax.axis('off')\n"
+        "ax.imshow([[0, 1], [1, 0]])\n"
+        "plt.show()"
+    )
+    path = tmp_path / "figures.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[cell(draw, [])]), path)
+    execute_notebook.execute(path)
+    outputs = [o for o in nbformat.read(path, as_version=4).cells[0].outputs if "image/png" in o.data]
+    assert len(outputs) == 2
+    text, blank = (o.metadata["mha_text"] for o in outputs)
+    assert text["min_pt"] == 7.0  # the legend, smaller than the title and the 10-pt ticks
+    assert 3.9 < text["width_in"] < 4.6  # the tight bounding box, 0.1 in of padding each side
+    assert text["fraction"] == pytest.approx(7.0 / 72 / text["width_in"], rel=1e-3)
+    assert blank["min_pt"] is None and blank["fraction"] is None  # an image without words

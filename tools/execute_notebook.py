@@ -50,6 +50,11 @@ from nbformat.v4 import output_from_msg
 # jupyter.source_hidden (JupyterLab) fold the solutions.
 KEEP_CELL_METADATA = {"tags", "cellView", "jupyter", "mystnb"}
 MINIMAL_TRACEBACKS = "--InteractiveShell.xmode=Minimal"
+# make execute's kernels record each figure's smallest text in its output's metadata (read
+# tools/figure_text.py); leaves no name in the notebook's namespace.
+RECORD_FIGURE_TEXT = (
+    f"__import__('runpy').run_path({str(Path(__file__).with_name('figure_text.py'))!r})"
+)
 
 
 # --- running ---------------------------------------------------------------------------------
@@ -122,13 +127,15 @@ def run(
     kernel_name: str = "python3",
     km: Any = None,
     env: Mapping[str, str] | None = None,
+    startup: Sequence[str] = (),
 ) -> Run:
     """Execute ``nb`` (in place: its outputs are replaced) in a fresh kernel started in ``cwd``.
 
     Every code cell runs in order and the run stops at the first error; no cell may raise, whatever
     its tags. With ``honour_tags`` cells tagged ``skip-execution`` are left unexecuted (as in the
     book); without it every cell runs, as in Colab's "Run all". ``km`` is a kernel manager to use
-    (a Colab stand-in's kernelspec); ``env``, the kernel's environment (default: this process's).
+    (a Colab stand-in's kernelspec); ``env``, the kernel's environment (default: this process's);
+    ``startup``, Python lines the kernel runs before the first cell.
     """
     for cell in nb.cells:
         if cell.cell_type == "code":
@@ -143,7 +150,7 @@ def run(
         # nbclient skips the cells carrying this tag; no cell carries an empty one.
         skip_cells_with_tag="skip-execution" if honour_tags else "",
         force_raise_errors=True,  # not even a cell tagged raises-exception may raise
-        extra_arguments=[MINIMAL_TRACEBACKS],
+        extra_arguments=[MINIMAL_TRACEBACKS, *(f"--IPKernelApp.exec_lines={x}" for x in startup)],
     )
     start = time.perf_counter()
     error = None
@@ -332,7 +339,7 @@ def clean(nb: nbformat.NotebookNode) -> None:
 def execute(path: Path, timeout: int = 600) -> float:
     nb = nbformat.read(path, as_version=4)
     fold(nb)  # before running: the stored source is the source that ran
-    result = run(nb, cwd=path.parent, timeout=timeout)
+    result = run(nb, cwd=path.parent, timeout=timeout, startup=[RECORD_FIGURE_TEXT])
     if result.error:
         raise RuntimeError(f"{path}: {result.error}")
     # A fresh kernel numbers the executed cells 1..N; tests/test_notebooks.py relies on it.

@@ -41,6 +41,13 @@ def check_labels(name: str, labels: Sequence[str] | None, n: int, what: str) -> 
     return labels
 
 
+# The smallest text a figure draws, in points. A phone shows a figure 342 CSS px wide: text of
+# SMALL_TEXT pt in a figure 5.4 inches wide (the course's default, tools/setup_cell.txt; 5.6 with
+# the saved image's padding) is 11 / 72 / 5.6 * 342 = 9.3 px tall there (tests/test_browser.py
+# checks every figure). Wider figures need larger text, or their panels stacked.
+SMALL_TEXT = 11
+
+
 def new_axes(ax: Axes | None, figsize: tuple[float, float] | None = None) -> Axes:
     """``ax`` itself, checked, or the Axes of a new figure when it is ``None``."""
     if ax is None:

@@ -132,7 +132,7 @@ def ratio_curves(
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=9)
+    ax.legend(fontsize=_axes.SMALL_TEXT)
     if title is not None:
         ax.set_title(title)
     return ax
@@ -227,7 +227,7 @@ def grouped_bars(
     ax.set_xticks(range(len(cats)), cats, rotation=45 if max(map(len, cats), default=0) > 4 else 0)
     ax.set_ylabel(ylabel)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=9)
+    ax.legend(fontsize=_axes.SMALL_TEXT)
     if title is not None:
         ax.set_title(title)
     return ax

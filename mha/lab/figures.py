@@ -101,7 +101,7 @@ def _box(ax: Axes, x: float, y: float, w: float, h: float, text: str, kind: str)
         )
     )
     ax.text(
-        x, y, text, ha="center", va="center", fontsize=10, color=viz.text_color_on(to_rgb(face))
+        x, y, text, ha="center", va="center", fontsize=12, color=viz.text_color_on(to_rgb(face))
     )
 
 
@@ -114,7 +114,14 @@ def _arrow(ax: Axes, x0: float, y0: float, x1: float, y1: float, label: str = ""
         arrowprops={"arrowstyle": "-|>", "color": "#333333", "linewidth": 1.2},
     )
     if label:
-        ax.text((x0 + x1) / 2 + 0.12, (y0 + y1) / 2, label, ha="left", va="center", fontsize=9.5)
+        ax.text(
+            (x0 + x1) / 2 + 0.12,
+            (y0 + y1) / 2,
+            label,
+            ha="left",
+            va="center",
+            fontsize=_axes.SMALL_TEXT,
+        )
 
 
 def _recorded(shapes: Mapping[str, tuple[int, ...] | None], name: str) -> tuple[int, ...]:
@@ -173,7 +180,7 @@ def layer_diagram(
         raise ValueError(f"max_heads must be at least 2, got {max_heads}")
     B, H, L, D = _recorded(shapes, "q")
     S = _recorded(shapes, "k")[2]
-    ax = _axes.new_axes(ax, figsize=(6.4, 8.0))
+    ax = _axes.new_axes(ax, figsize=(5.3, 7.2))
     ax.set_xlim(0, 10)
     ax.set_ylim(0, 12.6)
     ax.set_axis_off()
@@ -257,7 +264,7 @@ def split_slots(
                 f"{names[token]}\nf{feature}",
                 ha="center",
                 va="center",
-                fontsize=9,
+                fontsize=_axes.SMALL_TEXT,
                 color=viz.text_color_on(face),
             )
     ax.set_xlim(0, D)
@@ -265,7 +272,7 @@ def split_slots(
     ax.set_xticks([0.5 + j for j in range(D)], [f"d{j}" for j in range(D)])
     ax.set_yticks([0.5 + i for i in range(L)], [f"pos {i}" for i in range(L)])
     if title is not None:
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=12)
     return ax
 
 
@@ -298,7 +305,15 @@ def kv_head_sharing(num_heads: int, layouts: Mapping[str, int], *, ax: Axes | No
     for i in range(H):
         for j in range(kv.shape[1]):
             color = viz.text_color_on(image.cmap(image.norm(kv[i, j])))
-            ax.text(j, i, f"kv {kv[i, j]}", ha="center", va="center", color=color, fontsize=9)
+            ax.text(
+                j,
+                i,
+                f"kv {kv[i, j]}",
+                ha="center",
+                va="center",
+                color=color,
+                fontsize=_axes.SMALL_TEXT,
+            )
     titles = [f"{name}\n{hkv} kv head{'s' if hkv > 1 else ''}" for name, hkv in layouts.items()]
     ax.set_xticks(range(len(titles)), titles)
     ax.xaxis.tick_top()
@@ -351,7 +366,7 @@ def roofline(
                 raise ValueError(f"{what}[{name!r}] must be a pair of numbers, got {pair!r}")
             for value in pair:
                 validate.positive_float(f"{what}[{name!r}]", value)
-    ax = _axes.new_axes(ax, figsize=(7.5, 5.0))
+    ax = _axes.new_axes(ax, figsize=(5.4, 4.2))
     ridges = [peak / bandwidth] + [p / w for p, w in refs.values()]
     xs = [i for i, _ in points.values()] + ridges
     grid = np.geomspace(min(xs) / 3, max(xs) * 3, 200)
@@ -376,5 +391,5 @@ def roofline(
     ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
     ax.set_ylabel("FLOP/s")
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, fontsize=9)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, fontsize=_axes.SMALL_TEXT)
     return ax

@@ -89,7 +89,15 @@ def _annotate(ax: Axes, values: np.ndarray, fmt: str, image: AxesImage) -> None:
         for j in range(values.shape[1]):
             v = values[i, j]
             color = text_color_on(image.cmap(image.norm(v)))
-            ax.text(j, i, format(v, fmt), ha="center", va="center", color=color, fontsize=9)
+            ax.text(
+                j,
+                i,
+                format(v, fmt),
+                ha="center",
+                va="center",
+                color=color,
+                fontsize=_axes.SMALL_TEXT,
+            )
 
 
 def _side_legend(ax: Axes, handles: list[Patch]) -> None:
@@ -98,7 +106,7 @@ def _side_legend(ax: Axes, handles: list[Patch]) -> None:
         handles=handles,
         loc="upper left",
         bbox_to_anchor=(1.01, 1.0),
-        fontsize=8,
+        fontsize=_axes.SMALL_TEXT,
         frameon=False,
     )
 
@@ -170,7 +178,7 @@ def attention_heads(
     fmt: str = ".2f",
     cmap: str = "viridis",
     titles: Sequence[str] | None = None,
-    panel_size: float = 2.6,
+    panel_size: float = 2.2,
 ) -> np.ndarray:
     """Draw the weights of every head side by side, on one shared color scale.
 
@@ -179,7 +187,7 @@ def attention_heads(
             output for one batch element; leading size-1 dims are dropped.
         query_labels, key_labels: as in :func:`attention_heatmap`.
         axes: ``H`` (or more) Axes to draw into; a new figure with a grid is made if ``None``.
-        ncols: columns of the new grid (default: up to 4).
+        ncols: columns of the new grid (default: up to 2, which a phone shows readably).
         annotate, fmt, cmap: as in :func:`attention_heatmap`.
         titles: one title per head (default ``"head 0"``, ``"head 1"`` ...).
         panel_size: inches per panel of a new figure.
@@ -228,8 +236,8 @@ def _head_axes(
     The caller's Axes (any array shape) come with ``None``: their layout is the caller's, so
     every panel keeps its labels.
     """
-    if axes is None:  # a new grid, up to 4 panels per row by default; unused panels hidden
-        ncols = min(4 if ncols is None else validate.positive_int("ncols", ncols), H)
+    if axes is None:  # a new grid, up to 2 panels per row by default (phones); unused hidden
+        ncols = min(2 if ncols is None else validate.positive_int("ncols", ncols), H)
         _, flat = _panel_grid(H, ncols, panel_size, panel_size, width_extra=1.0)
         return flat, ncols
     flat = np.asarray(axes, dtype=object).ravel()
@@ -278,7 +286,7 @@ def heatmap_grid(
     query_labels: Sequence[str] | Sequence[Sequence[str]] | None = None,
     key_labels: Sequence[str] | Sequence[Sequence[str]] | None = None,
     ncols: int = 2,
-    panel_size: tuple[float, float] = (3.6, 2.8),
+    panel_size: tuple[float, float] = (2.4, 2.3),
     fmt: str = ".2f",
     vmin: float = 0.0,
     vmax: float = 1.0,
@@ -428,7 +436,7 @@ def _annotate_mask(ax: Axes, m: np.ndarray) -> None:
                 ha="center",
                 va="center",
                 color="white" if m[i, j] else "black",
-                fontsize=8,
+                fontsize=_axes.SMALL_TEXT,
             )
 
 
@@ -530,8 +538,8 @@ def _tile_ticks(
     ax: Axes, nq: int, nk: int, block_size: int | None, lengths: tuple[int, int] | None
 ) -> None:
     """Label the tiles by their token ranges (``0-63``) with a block size, else by index."""
-    if block_size is None:
-        ax.set_xticks(range(nk))
+    if block_size is None:  # at most 8 labels across (on a phone, more would collide)
+        ax.set_xticks(range(0, nk, -(-nk // 8)))
         ax.set_yticks(range(nq))
         ax.set_xlabel("key block")
         ax.set_ylabel("query block")
@@ -553,7 +561,7 @@ def _write_in_tiles(ax: Axes, text: np.ndarray) -> None:
     """Write each tile's text in its cell; ``None`` and ``""`` leave the tile blank."""
     for i, j in np.ndindex(text.shape):
         if text[i, j] not in (None, ""):
-            ax.text(j, i, str(text[i, j]), ha="center", va="center", fontsize=8)
+            ax.text(j, i, str(text[i, j]), ha="center", va="center", fontsize=_axes.SMALL_TEXT)
 
 
 # Colours of :func:`mask_heatmap`, shared by the mask figures below.
@@ -651,7 +659,7 @@ def mask_panels(
     masks: Mapping[str, torch.Tensor | np.ndarray],
     *,
     ncols: int = 2,
-    panel_size: float = 3.0,
+    panel_size: float = 2.6,
     panel_height: float | None = None,
     block_size: int | None = None,
     title: str | None = None,
