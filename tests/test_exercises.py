@@ -748,22 +748,27 @@ def test_softmax_kernel_stub_and_no_max_leave_stderr_alone(capfd):
     ("name", "answer", "hint"),
     [
         (
-            "check_softmax_backward",
-            lambda p, dp: p * (dp - (p * dp).sum(-1)),
-            r"raised RuntimeError.*keepdim=True",
+            "check_sink_backward",
+            lambda q, k, v, sink, d_out: ch07._sink_backward(q, k, v, sink, d_out)[::-1],
+            r"dq has shape .*lse = logsumexp of the S scores and the sink",
         ),
         (
-            "check_softmax_backward",
-            lambda p, dp: p * (dp - (p * dp).sum(-1, keepdim=True)).sum(-1, keepdim=True),
-            r"J_i = diag\(p_i\) - p_i p_iᵀ",
+            "check_sink_backward",
+            lambda q, k, v, sink, d_out: ch07._sink_backward(q, k, v, sink, d_out)[:3],
+            r"should return a tuple \(dq, dk, dv, d_sink\)",
         ),
         (
-            "check_attention_backward",
+            "check_backward_fix",
+            ch07._buggy_backward,
+            r"dq has the right shape but wrong values.*rowsum\(P \* dP\).*dS = P \* \(dP - δ\)",
+        ),
+        (
+            "check_backward_fix",
             lambda q, k, v, d_out: ch07._backward(q, k, v, d_out)[::-1],
             r"dq has shape .*dQ = dS·K·scale",
         ),
         (
-            "check_attention_backward",
+            "check_backward_fix",
             lambda q, k, v, d_out: ch07._backward(q, k, v, d_out)[:2],
             r"should return a tuple \(dq, dk, dv\)",
         ),
@@ -842,3 +847,17 @@ def test_rope_tolerance_is_float32_rounding_of_the_angles():
         mha.exercises.check_rope(
             lambda x_, p_: off if x_.dim() == 4 else ch08.rope._rope_reference(x_, p_)
         )
+
+
+def test_the_notebooks_buggy_backward_is_the_one_the_checker_knows():
+    """Section 7.1 shows ``buggy_backward``; its three bugs are those ``ch07`` declares."""
+    notebook = REPO / "chapters" / "07_1_gradients.ipynb"
+    (cell,) = [c for c in nbformat.read(notebook, 4).cells if c.id == "ch07-1-buggy"]
+    namespace = {"math": math, "torch": torch}
+    exec(cell.source, namespace)
+    g = torch.Generator().manual_seed(0)
+    q, k, v, d_out = (torch.randn(2, 3, 6, 8, generator=g, dtype=torch.float64) for _ in range(4))
+    for got, want in zip(
+        namespace["buggy_backward"](q, k, v, d_out), ch07._buggy_backward(q, k, v, d_out)
+    ):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)

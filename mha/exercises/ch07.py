@@ -1,11 +1,13 @@
 """Chapter 7, the backward pass: the exercises as data for :mod:`._harness`.
 
-References: autograd through ``torch.softmax`` and ``F.scaled_dot_product_attention`` (float64),
-the weights by their definition, and the bytes autograd saves, counted with
-``torch.autograd.graph.saved_tensors_hooks``; mistakes: no rowsum term, the wrong axis, no scale or
-the scale twice, ``dS`` where ``dSᵀ`` belongs, a tile normalised on its own, ``exp(s) / exp(lse)``
-(overflow), the default scale in place of the given one, O(L²) for the tiles; and autograd itself,
-which the backward exercises ban.
+References: autograd through gpt-oss-style sink attention (the sink as an extra softmax column)
+and through ``F.scaled_dot_product_attention`` (float64), the weights by their definition, and the
+bytes autograd saves, counted with ``torch.autograd.graph.saved_tensors_hooks``; mistakes: a
+softmax without the sink, no gradient for the sink or the wrong sign or shape of it, the three
+bugs of the chapter's ``buggy_backward`` (δ without the weights, ``P * dP - δ``, ``dS`` where
+``dSᵀ`` belongs) one at a time and the two that dQ depends on together, a tile normalised on its own, ``exp(s) / exp(lse)`` (overflow), the default
+scale in place of the given one, O(L²) for the tiles; and autograd itself, which the backward
+exercises ban.
 """
 
 from __future__ import annotations
@@ -33,85 +35,171 @@ AUTOGRAD = (
     *(getattr(torch.autograd.functional, n) for n in ("jacobian", "vjp", "jvp", "vhp", "hvp")),
     torch._softmax_backward_data,
 )
-_NO_AUTOGRAD = (
-    "compute dS with the formula, without autograd (torch.autograd.grad, .backward(), torch.func)."
-)
 
 
-# --- the softmax backward -----------------------------------------------------------------------
+# --- the backward pass with a sink logit --------------------------------------------------------
 
 
-def _softmax_backward_reference(p: Tensor, dp: Tensor) -> Tensor:
-    """Autograd's gradient of the scores, given the weights ``p = softmax(scores)`` and ``dp``."""
-    scores = p.log().detach().requires_grad_()  # softmax(log p) = p: p's rows sum to 1
-    (ds,) = torch.autograd.grad(torch.softmax(scores, -1), scores, dp)
-    return ds
+def _sink_forward(q: Tensor, k: Tensor, v: Tensor, sink: Tensor) -> Tensor:
+    """Attention whose softmax has one more logit per head, ``sink`` (H,), with no value: the
+    way gpt-oss writes it, the sink as an extra column that is dropped after the softmax."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, L, S)
+    column = sink.view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)  # (B, H, L, 1)
+    weights = torch.softmax(torch.cat([scores, column], -1), -1)  # (B, H, L, S + 1)
+    return weights[..., :-1] @ v  # the sink's column has no value: (B, H, L, Dv)
 
 
-def _softmax_cases() -> list[Case]:
-    g = torch.Generator().manual_seed(70)
+def _sink_grads(q: Tensor, k: Tensor, v: Tensor, sink: Tensor, d_out: Tensor):
+    """Autograd through :func:`_sink_forward` (float64): ``(dq, dk, dv, d_sink)``."""
+    q, k, v, sink = (t.detach().requires_grad_() for t in (q, k, v, sink))
+    return torch.autograd.grad(_sink_forward(q, k, v, sink), (q, k, v, sink), d_out)
+
+
+def _sink_cases() -> list[Case]:
+    g = torch.Generator().manual_seed(74)
     cases = []
-    for label, shape in (("(2, 3, 4, 6)", (2, 3, 4, 6)), ("(3, 5, 5)", (3, 5, 5))):
-        p = torch.softmax(randn64(g, *shape) * 2, -1)  # (..., L, S), rows sum to 1
-        cases.append(Case(f"softmax_backward(p, dp) on {label}", (p, randn64(g, *shape))))
+    for L, S, D in ((6, 6, 8), (5, 7, 16)):
+        q, k, v = randn64(g, 2, 3, L, D), randn64(g, 2, 3, S, D), randn64(g, 2, 3, S, 4)
+        sink = randn64(g, 3) + 1.0  # (H,): sinks that take a fair share of each row
+        d_out = randn64(g, 2, 3, L, 4)  # dO
+        label = f"sink_attention_backward(q, k, v, sink, d_out) with L={L}, S={S}"
+        cases.append(Case(label, (q, k, v, sink, d_out)))
     return cases
 
 
-_HINT_SOFTMAX = (
-    "Row by row, dS_i = J_i dP_i with J_i = diag(p_i) - p_i p_iᵀ, that is "
-    "dS = P * (dP - (P * dP).sum(-1, keepdim=True))."
+def _sink_backward(q: Tensor, k: Tensor, v: Tensor, sink: Tensor, d_out: Tensor, **slip: bool):
+    """The backward pass by hand: right without ``slip``, or with one of the usual slips."""
+    scale = 1 / math.sqrt(q.shape[-1])
+    scores = q @ k.transpose(-2, -1) * scale  # (B, H, L, S)
+    sink_logit = sink.view(1, -1, 1, 1)  # (1, H, 1, 1)
+    lse = torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True), sink_logit)  # (B, H, L, 1)
+    if slip.get("no_sink_mass"):
+        lse = torch.logsumexp(scores, -1, keepdim=True)  # (B, H, L, 1)
+    p = torch.exp(scores - lse)  # (B, H, L, S): rows sum to 1 - p_sink
+    p_sink = torch.exp(sink_logit - lse)  # (B, H, L, 1)
+    out = p @ v  # (B, H, L, Dv)
+    dv = p.transpose(-2, -1) @ d_out  # (B, H, S, Dv)
+    delta = (d_out * out).sum(-1, keepdim=True)  # (B, H, L, 1) δ = rowsum(dO ∘ O)
+    ds = p * (d_out @ v.transpose(-2, -1) - delta)  # (B, H, L, S)
+    dq = ds @ k * scale  # (B, H, L, D)
+    dk = ds.transpose(-2, -1) @ q * scale  # (B, H, S, D)
+    d_sink = -(p_sink * delta)  # (B, H, L, 1): the sink column's dS, with dP = 0 there
+    if slip.get("sign"):
+        d_sink = -d_sink
+    if slip.get("per_row"):
+        return dq, dk, dv, d_sink.squeeze(-1)  # (B, H, L)
+    if slip.get("all_heads"):
+        return dq, dk, dv, d_sink.sum()  # ()
+    if slip.get("no_sink_grad") or slip.get("no_sink_mass"):
+        return dq, dk, dv, torch.zeros_like(sink)  # (H,)
+    return dq, dk, dv, d_sink.sum((0, 2, 3))  # (H,): one sink per head
+
+
+def _sink_backward_by_columns(q: Tensor, k: Tensor, v: Tensor, sink: Tensor, d_out: Tensor):
+    """The sink as column S of an (L, S + 1) softmax whose value is 0: the chapter's formulas as
+    they stand, on the widened matrices."""
+    scale = q.shape[-1] ** -0.5
+    B, H, L, _ = q.shape
+    scores = torch.einsum("bhld,bhsd->bhls", q, k) * scale  # (B, H, L, S)
+    wide = torch.cat([scores, sink[:, None, None].expand(B, H, L, 1)], -1)  # (B, H, L, S + 1)
+    p = wide.softmax(-1)  # (B, H, L, S + 1)
+    v0 = torch.cat([v, v.new_zeros(B, H, 1, v.shape[-1])], -2)  # (B, H, S + 1, Dv)
+    dp = d_out @ v0.mT  # (B, H, L, S + 1): 0 in the sink's column
+    ds = p * (dp - (p * dp).sum(-1, keepdim=True))  # (B, H, L, S + 1)
+    dq = ds[..., :-1] @ k * scale  # (B, H, L, D)
+    dk = ds[..., :-1].mT @ q * scale  # (B, H, S, D)
+    return dq, dk, p.mT[..., :-1, :] @ d_out, ds[..., -1].sum((0, 2))
+
+
+def _sink_backward_by_denominator(q: Tensor, k: Tensor, v: Tensor, sink: Tensor, d_out: Tensor):
+    """The weights as exp(s - m) / (sum + exp(sink - m)), δ as rowsum(P ∘ dP)."""
+    scale = 1 / math.sqrt(q.shape[-1])
+    s = q @ k.mT * scale  # (B, H, L, S)
+    m = torch.maximum(s.amax(-1, keepdim=True), sink[:, None, None])  # (B, H, L, 1)
+    e, e_sink = (s - m).exp(), (sink[:, None, None] - m).exp()  # (B, H, L, S), (B, H, L, 1)
+    total = e.sum(-1, keepdim=True) + e_sink  # (B, H, L, 1)
+    p, p_sink = e / total, e_sink / total
+    dp = d_out @ v.mT  # (B, H, L, S)
+    delta = torch.einsum("bhls,bhls->bhl", p, dp)[..., None]  # (B, H, L, 1)
+    ds = p * (dp - delta)  # (B, H, L, S)
+    d_sink = torch.einsum("bhlx,bhlx->h", p_sink, -delta)  # (H,)
+    return ds @ k * scale, ds.mT @ q * scale, p.mT @ d_out, d_sink
+
+
+def _sink_slip(name: str) -> Callable[..., tuple[Tensor, ...]]:
+    return lambda q, k, v, sink, d_out: _sink_backward(q, k, v, sink, d_out, **{name: True})
+
+
+def _sink_by_autograd(q: Tensor, k: Tensor, v: Tensor, sink: Tensor, d_out: Tensor):
+    q, k, v, sink = (t.clone().requires_grad_() for t in (q, k, v, sink))
+    _sink_forward(q, k, v, sink).backward(d_out)
+    return q.grad, k.grad, v.grad, sink.grad
+
+
+_SINK_GRAD = (
+    "The sink has no value, but its logit is in every denominator of its head: raising it lowers "
+    "every weight of the row. Treat it as column S of the softmax with dP = 0 there: its dS is "
+    "p_sink·(0 - δ), summed over the batch and the queries."
 )
-
-
-def _jacobian_softmax_backward(p: Tensor, dp: Tensor) -> Tensor:
-    """The explicit Jacobian, J = diag(p) - p pᵀ per row, times dP (J is symmetric)."""
-    jac = torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)  # (..., L, S, S)
-    return (jac @ dp.unsqueeze(-1)).squeeze(-1)  # (..., L, S)
-
-
-SOFTMAX_BACKWARD = Exercise(
-    "check_softmax_backward",
-    "equals autograd's gradient through torch.softmax (float64)",
-    _softmax_backward_reference,
-    _softmax_cases,
+_SINK_ONE_PER_HEAD = (
+    "sink is one logit per head, shared by every sequence and query: d_sink has sink's shape, "
+    "(H,), the sum of p_sink·(0 - δ) over the batch and the queries of each head."
+)
+_SINK_FORMULAS = (
+    "P = exp(S - lse) with lse = logsumexp of the S scores and the sink; then the five formulas "
+    "hold as they are (δ = rowsum(dO * O) = rowsum(P * dP)), and d_sink = -Σ p_sink·δ per head."
+)
+_NO_AUTOGRAD_SINK = (
+    "derive the gradients and compute them with formulas, without autograd "
+    "(torch.autograd.grad, .backward(), torch.func)."
+)
+SINK_BACKWARD = Exercise(
+    "check_sink_backward",
+    "dQ, dK, dV and d_sink equal autograd's through gpt-oss-style sink attention (float64)",
+    _sink_grads,
+    _sink_cases,
     variants=(
-        lambda p, dp: p * (dp - (p * dp).sum(-1, keepdim=True)),
-        _jacobian_softmax_backward,
-        lambda p, dp: p * dp - p * torch.einsum("...s,...s->...", p, dp).unsqueeze(-1),
+        lambda q, k, v, sink, d_out: _sink_backward(q, k, v, sink, d_out),
+        _sink_backward_by_columns,
+        _sink_backward_by_denominator,
     ),
     mistakes=(
+        (_sink_slip("no_sink_grad"), _SINK_GRAD),
         (
-            lambda p, dp: p * dp,
-            "The rowsum term is missing: every weight of a row depends on every score of it "
-            "(the -p pᵀ part of the Jacobian). " + _HINT_SOFTMAX,
+            _sink_slip("no_sink_mass"),
+            "The weights must include the sink in their denominator: a row's weights sum to "
+            "1 - p_sink, not 1, so softmax over the S scores alone is wrong. " + _SINK_FORMULAS,
         ),
         (
-            lambda p, dp: p * (dp - (p * dp).sum(-2, keepdim=True)),
-            "Sum over the keys (dim -1): each query row is its own softmax. " + _HINT_SOFTMAX,
+            _sink_slip("sign"),
+            "Check the sign: raising the sink scales every weight of its row down by the same "
+            "factor, so O shrinks towards 0 and the loss changes by dO·(-p_sink·O) = -p_sink·δ.",
         ),
-        (
-            lambda p, dp: dp - (p * dp).sum(-1, keepdim=True),
-            "Multiply by P: the diagonal of the Jacobian is p_i, not 1. " + _HINT_SOFTMAX,
-        ),
-        (_softmax_backward_reference, _NO_AUTOGRAD),
-        (lambda p, dp: torch._softmax_backward_data(dp, p, -1, p.dtype), _NO_AUTOGRAD),
-        (lambda p, dp: torch.func.vjp(lambda s: s.softmax(-1), p.log())[1](dp)[0], _NO_AUTOGRAD),
+        (_sink_slip("per_row"), _SINK_ONE_PER_HEAD),
+        (_sink_slip("all_heads"), _SINK_ONE_PER_HEAD),
+        (_sink_grads, _NO_AUTOGRAD_SINK),
+        (_sink_by_autograd, _NO_AUTOGRAD_SINK),
     ),
-    hint=_HINT_SOFTMAX,
-    crash_hint="p and dp are (..., L, S); keep the summed dimension (keepdim=True) so that it "
-    "broadcasts back.",
+    hint={
+        "dq": "dq is wrong. " + _SINK_FORMULAS,
+        "dk": "dk is wrong. " + _SINK_FORMULAS,
+        "dv": "dv is wrong. " + _SINK_FORMULAS,
+        "d_sink": _SINK_GRAD,
+    },
+    crash_hint=_SINK_FORMULAS,
     atol=1e-10,
     rtol=1e-8,
+    outputs=("dq", "dk", "dv", "d_sink"),
     forbidden=AUTOGRAD,
-    forbidden_hint=_NO_AUTOGRAD,
-    params=("softmax_backward",),
-    doc="Check ``softmax_backward(p, dp) -> ds``: the gradient of the scores from the weights "
-    "``p`` (..., L, S) and their gradient ``dp``, written without autograd, against autograd in "
-    "float64.",
+    forbidden_hint=_NO_AUTOGRAD_SINK,
+    params=("sink_attention_backward",),
+    doc="Check ``sink_attention_backward(q, k, v, sink, d_out) -> (dq, dk, dv, d_sink)`` for "
+    "attention with scale 1/sqrt(D), no mask, and one sink logit per head (``sink`` of shape "
+    "(H,)) in every row's softmax, written without autograd, against autograd in float64.",
 )
 
 
-# --- the whole backward pass of attention ---------------------------------------------------------
+# --- spot the bug in a backward pass --------------------------------------------------------------
 
 
 def _attention_grads(q: Tensor, k: Tensor, v: Tensor, d_out: Tensor) -> tuple[Tensor, ...]:
@@ -121,40 +209,66 @@ def _attention_grads(q: Tensor, k: Tensor, v: Tensor, d_out: Tensor) -> tuple[Te
     return torch.autograd.grad(out, (q, k, v), d_out)
 
 
-def _backward(q: Tensor, k: Tensor, v: Tensor, d_out: Tensor, **slip: int) -> tuple[Tensor, ...]:
-    """The backward pass by hand: right without ``slip``, or with one of the usual slips."""
-    scale = 1 / math.sqrt(slip.get("D") or q.shape[-1])
+#: The slips of the chapter's buggy backward, by line: δ without the weights, the parentheses of
+#: dS, and dS where dSᵀ belongs.
+BUGS = ("delta", "parentheses", "transpose")
+
+
+def _backward(q: Tensor, k: Tensor, v: Tensor, d_out: Tensor, **slip: bool) -> tuple[Tensor, ...]:
+    """The backward pass by hand: right without ``slip``, or with some of :data:`BUGS`."""
+    scale = 1 / math.sqrt(q.shape[-1])
     p = torch.softmax(q @ k.transpose(-2, -1) * scale, -1)  # (B, H, L, S)
-    dv = (p if slip.get("p_not_transposed") else p.transpose(-2, -1)) @ d_out  # (B, H, S, Dv)
+    dv = p.transpose(-2, -1) @ d_out  # (B, H, S, Dv)
     dp = d_out @ v.transpose(-2, -1)  # (B, H, L, S)
-    delta = 0.0 if slip.get("no_delta") else (p * dp).sum(-1, keepdim=True)  # (B, H, L, 1)
-    ds = p * (dp - delta)  # (B, H, L, S)
-    factor = {"no_scale": 1.0, "scale_twice": scale * scale}
-    s = next((f for name, f in factor.items() if slip.get(name)), scale)
-    dq = ds @ k * s  # (B, H, L, D)
-    dk = (ds if slip.get("ds_not_transposed") else ds.transpose(-2, -1)) @ q * s  # (B, H, S, D)
+    delta = dp if slip.get("delta") else p * dp  # (B, H, L, S)
+    delta = delta.sum(-1, keepdim=True)  # (B, H, L, 1)
+    ds = p * dp - delta if slip.get("parentheses") else p * (dp - delta)  # (B, H, L, S)
+    dq = ds @ k * scale  # (B, H, L, D)
+    dk = (ds if slip.get("transpose") else ds.transpose(-2, -1)) @ q * scale  # (B, H, S, D)
     return dq, dk, dv
 
 
+def _buggy_backward(q: Tensor, k: Tensor, v: Tensor, d_out: Tensor) -> tuple[Tensor, ...]:
+    """The backward pass of chapter 7's "spot the bug" exercise, with all of :data:`BUGS`."""
+    return _backward(q, k, v, d_out, **dict.fromkeys(BUGS, True))
+
+
 def _attention_cases() -> list[Case]:
+    """L = S first, where every bug runs and returns wrong numbers; then L ≠ S, where the
+    missing transpose cannot even multiply."""
     g = torch.Generator().manual_seed(71)
     cases = []
     for L, S, D in ((6, 6, 8), (5, 7, 16)):
         q, k, v = randn64(g, 2, 3, L, D), randn64(g, 2, 3, S, D), randn64(g, 2, 3, S, 4)
         d_out = randn64(g, 2, 3, L, 4)  # dO
-        label = f"attention_backward(q, k, v, d_out) with L={L}, S={S}"
+        label = f"fixed_backward(q, k, v, d_out) with L={L}, S={S}"
         cases.append(Case(label, (q, k, v, d_out)))
     return cases
 
 
-def _slip(name: str) -> Callable[..., tuple[Tensor, ...]]:
-    return lambda q, k, v, d_out: _backward(q, k, v, d_out, **{name: True})
+_BUG_HINTS = {
+    "delta": "δ_i = Σ_j p_ij·dP_ij = rowsum(P * dP) (= rowsum(dO * O)): the -p pᵀ part of the "
+    "softmax's Jacobian weighs each dP_ij by its weight, so rowsum(dP) alone is wrong.",
+    "parentheses": "dS = P * (dP - δ): row i of the Jacobian, diag(p_i) - p_i p_iᵀ, gives "
+    "p_ij·(dP_ij - δ_i); P * dP - δ subtracts δ from every key, also where p_ij is tiny.",
+    "transpose": "dK = dSᵀ·Q·scale: key j collects from every query that scored it, so transpose "
+    "dS, (S, L) @ (L, D); dS·Q only runs when L = S.",
+}
 
 
-_FORMULAS = (
-    "dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P * (dP - δ) with δ = rowsum(dO * O), "
-    "dQ = dS·K·scale, dK = dSᵀ·Q·scale."
-)
+def _bug_mistakes() -> list[tuple[Callable[..., tuple[Tensor, ...]], str]]:
+    """The bugs one at a time, then the two that dQ depends on together: the hint names the bugs
+    behind the first wrong output (``buggy_backward`` itself gets the pair's, as dQ comes first)."""
+    left_in = [(b,) for b in BUGS] + [("delta", "parentheses")]
+    return [
+        (
+            lambda q, k, v, d_out, left=left: _backward(
+                q, k, v, d_out, **dict.fromkeys(left, True)
+            ),
+            " ".join(_BUG_HINTS[b] for b in left),
+        )
+        for left in left_in
+    ]
 
 
 def _einsum_attention_backward(q: Tensor, k: Tensor, v: Tensor, d_out: Tensor):
@@ -183,36 +297,22 @@ def _by_flash_backward(q: Tensor, k: Tensor, v: Tensor, d_out: Tensor) -> tuple[
     )[:3]
 
 
-_NO_AUTOGRAD_ATTENTION = (
-    "compute the gradients with the formulas, without autograd (torch.autograd.grad, "
-    ".backward()) or mha.flash.flash_attention_backward."
+_FORMULAS = (
+    "dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P * (dP - δ) with δ = rowsum(dO * O), "
+    "dQ = dS·K·scale, dK = dSᵀ·Q·scale."
 )
-ATTENTION_BACKWARD = Exercise(
-    "check_attention_backward",
+_NO_AUTOGRAD_ATTENTION = (
+    "fix the formulas, without autograd (torch.autograd.grad, .backward()) or "
+    "mha.flash.flash_attention_backward."
+)
+BACKWARD_FIX = Exercise(
+    "check_backward_fix",
     "dQ, dK and dV equal autograd's through torch's SDPA (float64, L = S and L ≠ S)",
     _attention_grads,
     _attention_cases,
     variants=(lambda q, k, v, d_out: _backward(q, k, v, d_out), _einsum_attention_backward),
     mistakes=(
-        (_slip("no_delta"), "dS = P * (dP - δ): the -δ term (δ = rowsum(dO * O)) is missing."),
-        (_slip("no_scale"), "The scores are q·kᵀ·scale: dQ and dK carry the scale once."),
-        (
-            _slip("scale_twice"),
-            "The scale is applied twice: dQ = dS·K·scale and dK = dSᵀ·Q·scale, once each.",
-        ),
-        (
-            _slip("ds_not_transposed"),
-            "dK = dSᵀ·Q·scale: transpose dS so that the keys come first, (S, L) @ (L, D).",
-        ),
-        (
-            _slip("p_not_transposed"),
-            "dV = Pᵀ·dO: key j collects the gradient of every query that looked at it, "
-            "(S, L) @ (L, Dv).",
-        ),
-        (
-            lambda q, k, v, d_out: _backward(q, k, v, d_out, D=8),
-            "Take D from the inputs, q.shape[-1]: a fixed head dimension is right for one size only.",
-        ),
+        *_bug_mistakes(),
         (_by_autograd, _NO_AUTOGRAD_ATTENTION),
         (_by_flash_backward, _NO_AUTOGRAD_ATTENTION),
     ),
@@ -223,9 +323,10 @@ ATTENTION_BACKWARD = Exercise(
     outputs=("dq", "dk", "dv"),
     forbidden=(*AUTOGRAD, flash.flash_attention_backward),
     forbidden_hint=_NO_AUTOGRAD_ATTENTION,
-    params=("attention_backward",),
-    doc="Check ``attention_backward(q, k, v, d_out) -> (dq, dk, dv)`` for attention with scale "
-    "1/sqrt(D), no mask, written without autograd, against autograd through torch's SDPA.",
+    params=("fixed_backward",),
+    doc="Check ``fixed_backward(q, k, v, d_out) -> (dq, dk, dv)``, the repaired "
+    "``buggy_backward`` of chapter 7 (scale 1/sqrt(D), no mask), written without autograd, "
+    "against autograd through torch's SDPA.",
 )
 
 
