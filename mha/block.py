@@ -14,6 +14,8 @@ lets deep stacks train.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -69,7 +71,7 @@ class TransformerBlock(nn.Module):
         dropout = validate.probability("dropout", dropout)
         validate.one_of("activation", activation, ACTIVATIONS)
         eps = validate.positive_float("norm_eps", norm_eps)
-        factory = {"device": device, "dtype": dtype}
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.norm1 = nn.LayerNorm(embed_dim, eps=eps, bias=bias, **factory)
         self.attn = MultiHeadAttention(
             embed_dim,
@@ -157,9 +159,6 @@ class TransformerBlock(nn.Module):
             (ours.mlp[0], layer.linear1),
             (ours.mlp[3], layer.linear2),
         )
-        with torch.no_grad():
-            for mine, theirs in pairs:
-                mine.weight.copy_(theirs.weight)
-                if theirs.bias is not None:
-                    mine.bias.copy_(theirs.bias)
+        for mine, theirs in pairs:
+            mine.load_state_dict(theirs.state_dict())  # weight and bias: the same keys
         return ours
