@@ -7,6 +7,7 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
 * :func:`linear_attention` — kernel-feature-map attention in O(L) (``mha/linear_attention.py``)
 * :func:`causal_mask`, :func:`padding_mask`, :func:`sliding_window_mask` — keep-masks (``mha/masks.py``)
 * :class:`MultiHeadAttention`, :class:`KVCache` — the module and its decoding cache (``mha/multihead.py``)
+* :class:`TransformerBlock` — that module in a pre-norm Transformer block, with an MLP (``mha/block.py``)
 * :class:`PreallocatedKVCache`, :class:`PagedKVCache`, :func:`flash_decoding` — caches that serve
   and split-KV decoding (``mha/decoding.py``)
 * :func:`apply_rope` — rotary position embedding, Llama's rotate-half pairing (``mha/rope.py``)
@@ -31,6 +32,7 @@ The lab's modules, :mod:`mha.exercises` and :mod:`mha.flex` load on first use (`
 import importlib
 
 from .attention import scaled_dot_product_attention, softmax
+from .block import TransformerBlock
 from .decoding import PagedKVCache, PreallocatedKVCache, flash_decoding, merge_partials
 from .flash import flash_attention, online_softmax_update, tile_schedule
 from .kv_memory import AttentionConfig, kv_cache_bytes
@@ -67,6 +69,7 @@ __all__ = [
     "MultiHeadLatentAttention",
     "PagedKVCache",
     "PreallocatedKVCache",
+    "TransformerBlock",
     "apply_rope",
     "bench",
     "causal_mask",

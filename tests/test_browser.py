@@ -61,6 +61,8 @@ CHROMIUM_ARGS = [
 CHAPTERS = [f for f in toc_chapter_files(read_yaml(REPO / "_toc.yml")) if f.startswith("chapters/")]
 CONFIG = read_yaml(REPO / "_config.yml")
 PAGES = [f"{read_yaml(REPO / '_toc.yml')['root']}.html"] + [f"{c}.html" for c in CHAPTERS]
+# The notebooks among them (the others are markdown pages: the posts, the glossary).
+NOTEBOOK_CHAPTERS = [c for c in CHAPTERS if (REPO / f"{c}.ipynb").exists()]
 
 # TeX that MathJax should have consumed; seen in the page text, it means math was not typeset.
 RAW_TEX = re.compile(
@@ -375,7 +377,9 @@ def source_has_math(path: str) -> bool:
         nb = nbformat.read(notebook, as_version=4)
         text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     else:
-        text = (REPO / "chapters" / "index.md").read_text(encoding="utf-8")
+        page = REPO / "chapters" / f"{stem}.md"
+        page = page if page.exists() else REPO / "chapters" / "index.md"
+        text = page.read_text(encoding="utf-8")
     return bool(re.search(r"\$[^$\n]+\$|\$\$|\{math\}|\\begin\{", text))
 
 
@@ -453,7 +457,7 @@ def test_landing_page(open_page, site):
     check_dark_mode(page, "index.html", Path(root).name)
 
 
-@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: Path(c).name)
+@pytest.mark.parametrize("chapter", NOTEBOOK_CHAPTERS, ids=lambda c: Path(c).name)
 def test_chapter_page(open_page, site, chapter):
     stem = Path(chapter).name
     path = f"{chapter}.html"
@@ -801,7 +805,7 @@ def test_chinese_page(open_page, site, path):
     check_chinese_glyphs(page, f"zh/{path}")
     if stem != "glossary":
         check_math(page, f"zh/{path}", problems)
-    if f"chapters/{stem}" in CHAPTERS:
+    if f"chapters/{stem}" in NOTEBOOK_CHAPTERS:
         facts = notebook_facts(stem)
         assert page.locator("article div.exercise").count() == facts["exercises"]
         solutions = page.locator("article div.solution")

@@ -445,8 +445,19 @@ def test_solutions_are_folded_in_colab_and_jupyterlab(notebook, toc):
     for i, cell in enumerate(nb.cells):
         if i not in inside:
             folded = source_hidden(cell) or cell.get("metadata", {}).get("cellView") == "form"
-            assert not folded, (
-                f"{path.name}, cell {i}: folded in Colab/JupyterLab but not part of a solution"
+            # A proof cell (a check beside the lesson) is folded everywhere: `hide-input` in the
+            # book, a form titled by its `# @title` line in Colab, source_hidden in JupyterLab.
+            proof = (
+                cell.cell_type == "code"
+                and "hide-input" in cell.get("metadata", {}).get("tags", [])
+                and cell.metadata.get("cellView") == "form"
+                and source_hidden(cell)
+                and TITLE_RE.match(cell.source)
+            )
+            assert not folded or proof, (
+                f"{path.name}, cell {i}: folded in Colab/JupyterLab but neither part of a "
+                f"solution nor a proof cell (tag hide-input, cellView form, source_hidden and a "
+                f"`# @title` first line)"
             )
 
 

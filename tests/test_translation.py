@@ -8,6 +8,7 @@ Chinese notebook must carry the English notebook's code cells and outputs unchan
 
 from __future__ import annotations
 
+import re
 import sys
 
 import nbformat
@@ -87,7 +88,9 @@ def test_the_chinese_toc_mirrors_the_english_one():
     english = translate.english_toc()
     chinese = yaml.safe_load((translate.ZH / "_toc.yml").read_text(encoding="utf-8"))
     assert chinese["root"] == english["root"]
-    assert translate.toc_stems(chinese) == translate.toc_stems(english) + ["glossary"]
+    # The same pages: the glossary is one of them (English and Chinese, both generated).
+    assert translate.all_toc_stems(chinese) == translate.all_toc_stems(english)
+    assert translate.GLOSSARY_STEM in translate.all_toc_stems(english)
     captions = [p["caption"] for p in english["parts"]]
     missing = [c for c in captions if c not in translate.PART_CAPTIONS]
     assert not missing, f"add Chinese captions to PART_CAPTIONS in tools/translate.py: {missing}"
@@ -231,6 +234,28 @@ def test_the_language_switch_links_the_same_page_or_the_landing_page():
     assert sphinx_language_switch.counterpart(zh, "chapters/index", "chapters/04_masking") == (
         "chapters/04_masking"
     )
+    # Both editions have a glossary page (generated from the same file): the switch links them.
     assert sphinx_language_switch.counterpart(REPO, "chapters/index", "chapters/glossary") == (
+        "chapters/glossary"
+    )
+    assert sphinx_language_switch.counterpart(REPO, "chapters/index", "chapters/no_such_page") == (
         "chapters/index"
     )
+
+
+def test_every_glossary_term_is_defined_and_points_at_a_label_of_the_book():
+    labels = set()
+    for path in (REPO / "chapters").glob("*.ipynb"):
+        nb = nbformat.read(path, as_version=4)
+        text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+        labels |= set(re.findall(r"^\(([^()\s]+)\)=\s*$", text, re.MULTILINE))
+    for path in (REPO / "chapters").glob("*.md"):
+        text = path.read_text(encoding="utf-8")
+        labels |= set(re.findall(r"^\(([^()\s]+)\)=\s*$", text, re.MULTILINE))
+    for term in translate.load_glossary():
+        assert term.get("define") and term.get("taught"), (
+            f"glossary: {term['en']!r} lacks define/taught"
+        )
+        assert term["taught"] in labels, (
+            f"glossary: {term['en']!r} taught in unknown {term['taught']!r}"
+        )

@@ -532,6 +532,28 @@ def test_layer_diagram_elides_many_heads_and_rejects_bad_input():
         figures.layer_diagram(shapes, max_heads=1)
 
 
+def test_layer_sketch_draws_one_box_per_head():
+    ax = figures.layer_sketch(4)
+    heads = [t.split("\n")[0] for t in _texts(ax) if t.startswith("head ")]
+    assert heads == ["head 0", "head 1", "head 2", "head 3"]
+    assert any("H = 4" in t for t in _texts(ax))
+    for bad in (1, 7):
+        with pytest.raises(ValueError, match="num_heads must be between 2 and 6"):
+            figures.layer_sketch(bad)
+
+
+def test_block_diagram_writes_the_block_sizes():
+    from mha.block import TransformerBlock
+
+    ax = figures.block_diagram(TransformerBlock(32, 4, 80, activation="relu"))
+    texts = "\n".join(_texts(ax))
+    assert "H = 4 heads, E = 32" in texts
+    assert "Linear 32 → 80\nRELU\nLinear 80 → 32" in texts
+    assert texts.count("LayerNorm") == 2 and texts.count("residual") == 2
+    with pytest.raises(TypeError, match="block must be an mha.TransformerBlock"):
+        figures.block_diagram(torch.nn.Linear(4, 4))
+
+
 def test_split_slots_names_token_and_feature_of_every_slot():
     ids = torch.arange(3 * 6).view(1, 3, 6)  # 3 tokens, E = 6
     wrong = ids.view(3, -1, 2)  # view without transpose: head 0 is token 0 alone

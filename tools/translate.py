@@ -5,13 +5,20 @@ of one: every file of _toc.yml, `sections:` included) there is one translation f
 every figure cell id to its Chinese alt text and caption, each with `en:`, the first 12 hex digits
 of the SHA-256 of the English text it translates (for a figure: alt + "\\n" + caption). When an
 English cell changes, its hash no longer matches and the entry is *stale*. The landing page
-`chapters/index.md` is translated the same way in `i18n/zh/index.yml`, one entry per `##` section.
+`chapters/index.md` is translated the same way in `i18n/zh/index.yml`, one entry per `##` section,
+and so is every other markdown page of the table of contents (`chapters/posts.md` in
+`i18n/zh/posts.yml`); these pages are always checked, listed in `chapters.txt` or not.
+
+The glossary is one file, `i18n/zh/glossary.yml`: each term's English, its Chinese, a short English
+definition (`define:`) and the label of the section that teaches it (`taught:`). `build` turns it
+into two pages, the English glossary `chapters/glossary.md` and the Chinese `zh/chapters/glossary.md`.
 
     python tools/translate.py todo <stem>   English text of every missing or stale entry (for translators)
     python tools/translate.py stale         list missing, stale and orphaned entries of every file
     python tools/translate.py check         coverage, staleness, MyST structure, glossary; exit 1 on a problem
     python tools/translate.py build         write the Chinese book: zh/_config.yml, zh/_toc.yml,
-                                            zh/chapters/*.ipynb, zh/chapters/index.md, zh/chapters/glossary.md
+                                            zh/chapters/*.ipynb, zh/chapters/*.md (index, posts,
+                                            glossary); and the English glossary, chapters/glossary.md
 
 Which chapters `check` requires to be fully translated is listed in `i18n/zh/chapters.txt` (plus
 the landing page, always); a chapter's sections are listed one by one. Add a stem there when its
@@ -52,6 +59,8 @@ ZH = REPO / "zh"
 LISTED = I18N / "chapters.txt"
 GLOSSARY = I18N / "glossary.yml"
 INDEX_SOURCE = "chapters/index.md"
+# Pages of the book generated from i18n/zh/glossary.yml (not translated cell by cell).
+GLOSSARY_STEM = "glossary"
 LANG = "zh-CN"
 TITLE = "多头注意力：从直觉到GPU"
 # The English table of contents' part captions, in Chinese.
@@ -108,13 +117,19 @@ def index_blocks(text: str) -> list[tuple[str, str]]:
         if m:
             fence = None if fence and m.group(1).startswith(fence) else (fence or m.group(1))
         if fence is None and line.startswith("## "):
-            blocks.append((heading_slug(line), []))
+            # A heading with no Latin letters or digits (a post's Chinese title) is keyed by its
+            # place on the page; keys stay unique.
+            key = heading_slug(line) or f"section-{len(blocks)}"
+            while key in {k for k, _ in blocks}:
+                key += "-again"
+            blocks.append((key, []))
         blocks[-1][1].append(line)
     return [(key, "".join(lines)) for key, lines in blocks]
 
 
-def index_units() -> list[tuple[str, str, str]]:
-    text = (REPO / INDEX_SOURCE).read_text(encoding="utf-8")
+def index_units(name: str = "index") -> list[tuple[str, str, str]]:
+    """The translation units of a markdown page (the landing page by default): its `##` blocks."""
+    text = (REPO / "chapters" / f"{name}.md").read_text(encoding="utf-8")
     return [(key, "markdown", block) for key, block in index_blocks(text)]
 
 
@@ -136,15 +151,29 @@ def toc_files(entries: list[dict]) -> list[str]:
     return files
 
 
-def toc_stems(toc: dict) -> list[str]:
-    """Every page of the table of contents under chapters/: chapters and their sections."""
+def all_toc_stems(toc: dict) -> list[str]:
+    """Every page of the table of contents under chapters/, notebooks and markdown pages."""
     files = [f for part in toc.get("parts", []) for f in toc_files(part.get("chapters", []))]
     return [f.removeprefix("chapters/") for f in files if f.startswith("chapters/")]
 
 
+def toc_stems(toc: dict) -> list[str]:
+    """The notebooks of the table of contents: chapters and their sections."""
+    return [s for s in all_toc_stems(toc) if (REPO / "chapters" / f"{s}.ipynb").exists()]
+
+
+def markdown_stems(toc: dict) -> list[str]:
+    """The markdown pages of the table of contents translated by `##` blocks (not the glossary)."""
+    return [
+        s
+        for s in all_toc_stems(toc)
+        if s != GLOSSARY_STEM and not (REPO / "chapters" / f"{s}.ipynb").exists()
+    ]
+
+
 def units_for(name: str) -> list[tuple[str, str, str]]:
-    if name == "index":
-        return index_units()
+    if name == "index" or (REPO / "chapters" / f"{name}.md").exists():
+        return index_units(name)
     return notebook_units(nbformat.read(REPO / "chapters" / f"{name}.ipynb", as_version=4))
 
 
@@ -381,8 +410,9 @@ def check() -> list[str]:
             for bad in term.get("avoid", [])
             if bad in term["zh"]
         ]
-    for name in ["index", *listed_stems()]:
-        if name != "index" and not (REPO / "chapters" / f"{name}.ipynb").exists():
+    pages = ["index", *markdown_stems(english_toc())]
+    for name in [*pages, *listed_stems()]:
+        if name not in pages and not (REPO / "chapters" / f"{name}.ipynb").exists():
             problems.append(f"i18n/zh/chapters.txt lists {name}, which is not a chapter")
             continue
         problems += check_file(name, glossary)
@@ -427,11 +457,30 @@ def chinese_notebook(stem: str, *, listed: bool):
     return nb
 
 
-def chinese_index() -> str:
-    units = index_units()
-    cells = translated(units, load_translation("index"))
+def chinese_index(name: str = "index") -> str:
+    """The Chinese text of a markdown page (the landing page by default)."""
+    units = index_units(name)
+    cells = translated(units, load_translation(name))
     parts = [cells[uid]["zh"] if uid in cells else text for uid, _, text in units]
     return "\n\n".join(p.strip("\n") for p in parts) + "\n"
+
+
+def english_glossary_page() -> str:
+    """chapters/glossary.md: every term, alphabetically, with its definition and where it is taught."""
+    terms = sorted(load_glossary(), key=lambda t: t["en"].lower())
+    entries = [
+        f"{t['en']}\n: {t['define']} Taught in {{ref}}`{t['taught']}`. 中文：{t['zh']}"
+        for t in terms
+    ]
+    return (
+        "(glossary)=\n# Glossary\n\n"
+        "The terms the course uses, each with a short definition, the section that teaches it and "
+        "its Chinese name in the Chinese edition. Shape letters ($B$, $H$, $L$, $S$, $D$, $E$) are "
+        "in the {ref}`notation table <index>`.\n\n"
+        "% Generated by tools/translate.py build from i18n/zh/glossary.yml: edit that file.\n\n"
+        + "\n\n".join(entries)
+        + "\n"
+    )
 
 
 def glossary_page() -> str:
@@ -440,6 +489,7 @@ def glossary_page() -> str:
         note = term.get("note", "")
         if term.get("avoid"):
             note += "不用" + "、".join(term["avoid"]) + "。"
+        note += f"见{{ref}}`{term['taught']}`。"
         rows.append(f"| {term['en']} | {term['zh']} | {note} |")
     return (
         "(zh-glossary)=\n# 术语表\n\n"
@@ -453,7 +503,8 @@ def chinese_toc(toc: dict) -> dict:
     zh = copy.deepcopy(toc)
     for part in zh.get("parts", []):
         part["caption"] = PART_CAPTIONS.get(part["caption"], part["caption"])
-    zh["parts"].append({"caption": GLOSSARY_PART, "chapters": [{"file": "chapters/glossary"}]})
+    if GLOSSARY_STEM not in all_toc_stems(toc):
+        zh["parts"].append({"caption": GLOSSARY_PART, "chapters": [{"file": "chapters/glossary"}]})
     return zh
 
 
@@ -497,7 +548,10 @@ def generated_files() -> dict[Path, str]:
         ZH / "_toc.yml": dump(chinese_toc(toc)),
         ZH / "chapters" / "index.md": chinese_index(),
         ZH / "chapters" / "glossary.md": glossary_page(),
+        REPO / "chapters" / "glossary.md": english_glossary_page(),
     }
+    for name in markdown_stems(toc):
+        files[ZH / "chapters" / f"{name}.md"] = chinese_index(name)
     listed = set(listed_stems())
     for stem in toc_stems(toc):
         nb = chinese_notebook(stem, listed=stem in listed)
@@ -545,10 +599,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "todo":
         todo(args.stem)
     elif args.command == "stale":
-        names = ["index", *toc_stems(english_toc())]
+        names = ["index", *markdown_stems(english_toc()), *toc_stems(english_toc())]
         for name in names:
             state = status(name)
-            listed = "" if name == "index" or name in listed_stems() else " (not listed)"
+            always = name == "index" or name in markdown_stems(english_toc())
+            listed = "" if always or name in listed_stems() else " (not listed)"
             print(f"{name}{listed}: " + ", ".join(f"{len(v)} {k}" for k, v in state.items()))
     elif args.command == "check":
         problems = check()

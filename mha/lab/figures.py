@@ -1,7 +1,8 @@
 """The book's one-off figures: the layer and its shapes, the head split, kv heads, the roofline.
 
-Each draws one kind of picture a chapter needs (chapter 3 the layer, the split and the sharing of
-key/value heads; chapters 5 and 8 the roofline), into a matplotlib ``Axes`` it returns. The
+Each draws one kind of picture a chapter needs (chapter 1 a small sketch of the layer; chapter 3
+the layer, the Transformer block around it, the split and the sharing of key/value heads;
+chapters 5 and 8 the roofline), into a matplotlib ``Axes`` it returns. The
 reusable pictures they build on are in :mod:`mha.lab.viz` (matrices) and :mod:`mha.lab.charts`
 (measurements).
 """
@@ -17,13 +18,22 @@ import numpy as np
 import torch
 from matplotlib.axes import Axes
 from matplotlib.colors import to_rgb
-from matplotlib.patches import FancyBboxPatch, Rectangle
+from matplotlib.patches import Circle, FancyBboxPatch, Rectangle
 
 from .. import validation as validate
+from ..block import TransformerBlock
 from ..multihead import MultiHeadAttention
 from . import _axes, viz
 
-__all__ = ["kv_head_sharing", "layer_diagram", "record_shapes", "roofline", "split_slots"]
+__all__ = [
+    "block_diagram",
+    "kv_head_sharing",
+    "layer_diagram",
+    "layer_sketch",
+    "record_shapes",
+    "roofline",
+    "split_slots",
+]
 
 
 @contextmanager
@@ -211,6 +221,105 @@ def layer_diagram(
     _box(ax, 5.0, 2.2, 6.2, 0.9, f"out_proj = W_O\nweight {_shape(shapes['out_proj'])}", "linear")
     _arrow(ax, 5.0, 1.75, 5.0, 0.85)
     _box(ax, 5.0, 0.45, 6.2, 0.8, f"output (B, L, E) = {_shape(shapes['out'])}", "input")
+    return ax
+
+
+def layer_sketch(num_heads: int = 4, *, ax: Axes | None = None) -> Axes:
+    """Draw a small multi-head attention layer: project, split, heads side by side, concat, W_O.
+
+    The small version of :func:`layer_diagram`, without shapes, for a first look: the three
+    projections feed every head, and each head has its own weights. Four heads by default, so
+    that no head sits under one projection as if it were made of it alone.
+
+    Args:
+        num_heads: how many head boxes to draw (2 to 6).
+        ax: where to draw; a new figure (4.2 x 4.0 inches) is made if ``None``.
+
+    Returns:
+        The ``Axes``, with its axis lines hidden.
+    """
+    H = validate.positive_int("num_heads", num_heads)
+    if not 2 <= H <= 6:
+        raise ValueError(f"num_heads must be between 2 and 6 to fit the sketch, got {H}")
+    ax = _axes.new_axes(ax, figsize=(4.2, 4.0))
+    ax.set_xlim(0, 10)
+    ax.set_ylim(1.1, 10.9)
+    ax.set_axis_off()
+    _box(ax, 5.0, 10.3, 8.0, 0.9, "tokens x  (L tokens, E features)", "input")
+    for x, name in zip((1.8, 5.0, 8.2), "QKV"):
+        _arrow(ax, x, 9.85, x, 9.15)
+        _box(ax, x, 8.7, 2.8, 0.9, f"${name} = x\\,W^{name}$", "linear")
+        _arrow(ax, x, 8.25, x, 7.55)
+    _box(ax, 5.0, 7.1, 9.4, 0.9, f"split the columns into H = {H} heads", "reshape")
+    width = 9.4 / H
+    for h in range(H):
+        x = 0.3 + width * (h + 0.5)
+        _arrow(ax, x, 6.65, x, 6.0)
+        _box(ax, x, 5.2, width - 0.3, 1.5, f"head {h}\nown\nweights", "head")
+        _arrow(ax, x, 4.45, x, 3.8)
+    _box(ax, 5.0, 3.35, 9.4, 0.9, "concatenate the heads, then mix: $W^O$", "reshape")
+    _arrow(ax, 5.0, 2.9, 5.0, 2.2)
+    _box(ax, 5.0, 1.75, 8.0, 0.9, "output  (L tokens, E features)", "input")
+    return ax
+
+
+def _plus(ax: Axes, x: float, y: float) -> None:
+    """The residual addition: a circle with a plus sign."""
+    ax.add_patch(Circle((x, y), 0.38, facecolor="white", edgecolor="#333333", linewidth=1.2))
+    ax.text(x, y, "+", ha="center", va="center", fontsize=14, color="#222222")
+
+
+def _residual(ax: Axes, y_from: float, y_to: float, x: float, x_side: float) -> None:
+    """The skip path: from the stream at ``y_from`` around the sublayer into the ``+`` at ``y_to``."""
+    ax.plot([x, x_side, x_side], [y_from, y_from, y_to], color="#333333", linewidth=1.2)
+    _arrow(ax, x_side, y_to, x + 0.4, y_to)
+    ax.text(
+        x_side + 0.2,
+        (y_from + y_to) / 2,
+        "residual",
+        rotation=90,
+        ha="left",
+        va="center",
+        fontsize=9.5,
+    )
+
+
+def block_diagram(block: TransformerBlock, *, ax: Axes | None = None) -> Axes:
+    """Draw a pre-norm Transformer block with its sizes: two sublayers, each norm → layer → add.
+
+    The stream ``x`` runs down the middle and never passes through a norm: each sublayer reads a
+    normalised copy and its output is added back (the residual paths on the right). The widths
+    written on the picture are read from ``block``.
+
+    Args:
+        block: an :class:`mha.TransformerBlock`.
+        ax: where to draw; a new figure (4.4 x 6.2 inches) is made if ``None``.
+
+    Returns:
+        The ``Axes``, with its axis lines hidden.
+    """
+    if not isinstance(block, TransformerBlock):
+        raise TypeError(f"block must be an mha.TransformerBlock, got {type(block).__name__}")
+    E, H, F = block.embed_dim, block.attn.num_heads, block.ffn_dim
+    ax = _axes.new_axes(ax, figsize=(4.4, 6.2))
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0.3, 13.2)
+    ax.set_axis_off()
+    x = 4.0
+    _box(ax, x, 12.5, 6.6, 0.9, f"x  (B, L, E = {E})", "input")
+    ax.plot([x, x], [12.05, 7.7], color="#333333", linewidth=1.2, zorder=0)  # under the boxes
+    _residual(ax, 11.4, 7.3, x, 8.4)
+    _box(ax, x, 10.5, 5.6, 0.8, "LayerNorm", "reshape")
+    _box(ax, x, 8.9, 6.6, 1.3, f"multi-head attention\nH = {H} heads, E = {E}", "head")
+    _plus(ax, x, 7.3)
+    ax.plot([x, x], [6.92, 2.7], color="#333333", linewidth=1.2, zorder=0)
+    _residual(ax, 6.4, 2.3, x, 8.4)
+    _box(ax, x, 5.6, 5.6, 0.8, "LayerNorm", "reshape")
+    mlp = f"MLP: Linear {E} → {F}\n{block.activation.upper()}\nLinear {F} → {E}"
+    _box(ax, x, 3.95, 6.6, 1.6, mlp, "linear")
+    _plus(ax, x, 2.3)
+    _arrow(ax, x, 1.92, x, 1.35)
+    _box(ax, x, 0.9, 6.6, 0.8, f"out  (B, L, E = {E})", "input")
     return ax
 
 
