@@ -280,7 +280,7 @@ def _residual(ax: Axes, y_from: float, y_to: float, x: float, x_side: float) -> 
         rotation=90,
         ha="left",
         va="center",
-        fontsize=9.5,
+        fontsize=_axes.SMALL_TEXT,
     )
 
 
