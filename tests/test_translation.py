@@ -8,7 +8,9 @@ Chinese notebook must carry the English notebook's code cells and outputs unchan
 
 from __future__ import annotations
 
+import re
 import sys
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -51,10 +53,25 @@ def test_the_generated_chinese_book_is_up_to_date():
     )
 
 
+CHECKER_LINE_EN = re.compile(r"^✓ (check_\w+): correct — \S.*$")
+CHECKER_LINE_ZH = re.compile(r"^✓ (check_\w+)：正确——\S.*$")
+
+
 def without_translated_text(cell) -> dict:
+    """A cell without what a Chinese notebook translates: markdown, a figure's alt text and
+    caption, the setup cell's source (tested below), and the checkers' success lines, which
+    become the `check_*` name alone (what the checker prints in Chinese is tested below)."""
     cell = nbformat.from_dict(dict(cell))
     if cell.cell_type == "markdown":
         cell.source = ""
+    if cell.cell_type == "code" and "import mha\n" in cell.source and "%pip install" in cell.source:
+        cell.source = ""
+    for output in cell.get("outputs", []):
+        if output.output_type == "stream":
+            lines = output.text.split("\n")
+            for pattern in (CHECKER_LINE_EN, CHECKER_LINE_ZH):
+                lines = [pattern.sub(r"\1 passed", line) for line in lines]
+            output.text = "\n".join(lines)
     if "mystnb" in cell.metadata:
         cell.metadata["mystnb"]["image"].pop("alt", None)
         cell.metadata["mystnb"]["figure"].pop("caption", None)
@@ -81,6 +98,55 @@ def test_a_chinese_notebook_has_the_english_code_and_outputs(stem):
         assert [translate.deeper_paths(c.source) for c in english.cells] == [
             c.source for c in cells
         ]
+        return
+    setup = translate.chinese_setup_cell(translate.SETUP_CELL.read_text(encoding="utf-8"))
+    assert cells[1].source.rstrip("\n") == setup.rstrip("\n"), f"{stem}: not the Chinese setup cell"
+    for en, zh in zip(english.cells, cells):
+        if en.cell_type == "code":
+            english_lines = [line for o in en.outputs for line in o.get("text", "").split("\n")]
+            chinese_lines = [line for o in zh.outputs for line in o.get("text", "").split("\n")]
+            assert not any(CHECKER_LINE_EN.match(line) for line in chinese_lines), (
+                f"{stem}: cell {en.id}: an English checker line in the Chinese notebook"
+            )
+            assert sum(map(bool, map(CHECKER_LINE_ZH.match, chinese_lines))) == sum(
+                map(bool, map(CHECKER_LINE_EN.match, english_lines))
+            )
+
+
+def test_the_chinese_setup_cell_is_the_english_one_with_chinese_comments_and_checkers():
+    english = translate.SETUP_CELL.read_text(encoding="utf-8")
+    chinese = translate.chinese_setup_cell(english)
+    assert 'mha.exercises.set_language("zh")' in chinese
+    assert "pathlib.Path.cwd().parents[1]" in chinese  # zh/chapters/ is one folder deeper
+    code = [ln for ln in english.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    kept = set(chinese.splitlines())
+    assert [ln for ln in code if ln not in kept] == [translate.SETUP_PATH[0]]
+    comments = [ln.split("#", 1)[1] for ln in chinese.splitlines() if "# " in ln]
+    assert all(re.search(r"[\u4e00-\u9fff]", c) for c in comments), comments
+
+
+def test_the_chinese_checker_lines_are_what_the_checkers_print_in_chinese():
+    """The checker lines of the Chinese notebooks come from running each checker in Chinese
+    (a fresh interpreter, mha.exercises.set_language("zh")) on an answer it accepts; the same run
+    in English prints exactly the English notebook's line."""
+    import mha.exercises as exercises
+
+    lines = translate.run_checkers()
+    for exercise in exercises.EXERCISES:
+        en, zh = lines[exercise.name]["en"], lines[exercise.name]["zh"]
+        assert CHECKER_LINE_EN.match(en) and CHECKER_LINE_ZH.match(zh), (en, zh)
+    shown = {}
+    for path in sorted((translate.ZH / "chapters").glob("*.ipynb")):
+        text = path.read_text(encoding="utf-8")
+        shown.update((name, line) for line, name in re.findall(r'"(✓ (check_\w+)：[^"\\]*)', text))
+    assert shown, "no checker line in the Chinese notebooks"
+    for name, line in shown.items():
+        assert lines[name]["zh"] == line, (name, line)
+
+
+def test_a_stale_checker_line_stops_the_build():
+    with pytest.raises(ValueError, match="re-execute"):
+        translate.chinese_checker_output("✓ check_softmax: correct — made up\n", "demo")
 
 
 def test_the_chinese_toc_mirrors_the_english_one():
@@ -234,3 +300,55 @@ def test_the_language_switch_links_the_same_page_or_the_landing_page():
     assert sphinx_language_switch.counterpart(REPO, "chapters/index", "chapters/glossary") == (
         "chapters/index"
     )
+
+
+@pytest.mark.slow
+def test_a_chinese_notebook_runs_from_a_clone_and_its_checkers_speak_chinese():
+    """The Chinese setup cell's local branch, as in a clone's Jupyter: from zh/chapters/, mha comes
+    from the checkout two folders up, and a checker prints the line stored in the notebook."""
+    import json
+
+    import execute_notebook
+
+    stored = nbformat.read(translate.ZH / "chapters" / "01_1_soft_lookup.ipynb", as_version=4)
+    setup = stored.cells[1].source
+    line = next(
+        o.text
+        for c in stored.cells
+        for o in c.get("outputs", [])
+        if "✓ check_" in o.get("text", "")
+    )
+    probe = (
+        "import json\nimport mha.exercises\n"
+        "print(json.dumps([mha.__file__, mha.exercises.get_language()]))\n"
+        "mha.exercises.check_lookup_weights(lambda q, k: (q @ k.mT / q.shape[-1] ** 0.5).softmax(-1))"
+    )
+    nb = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell(setup), nbformat.v4.new_code_cell(probe)]
+    )
+    result = execute_notebook.run(nb, cwd=translate.ZH / "chapters")
+    assert result.passed, result.error
+    first, checker = execute_notebook.stdout_of(nb.cells[1]).split("\n", 1)
+    where, language = json.loads(first)
+    assert Path(where).is_relative_to(REPO / "mha") and language == "zh"
+    assert checker == line, (checker, line)
+
+
+def test_chinese_search_indexes_one_character_words_and_edit_links_open_the_translation():
+    import sphinx_zh
+
+    search = sphinx_zh.SearchChineseWords({})
+    assert [w for w in ("键", "值", "头", "的", "a", "qk") if search.word_filter(w)] == [
+        "键",
+        "值",
+        "头",
+        "qk",
+    ]
+    repo = "https://github.com/o/r/edit/main"
+    assert sphinx_zh.edit_url(f"{repo}/zh/chapters/04_masking.ipynb") == (
+        f"{repo}/i18n/zh/04_masking.yml"
+    )
+    assert sphinx_zh.edit_url(f"{repo}/zh/chapters/index.md") == f"{repo}/i18n/zh/index.yml"
+    assert sphinx_zh.edit_url(f"{repo}/zh/chapters/glossary.md") == f"{repo}/i18n/zh/glossary.yml"
+    config = yaml.safe_load((translate.ZH / "_config.yml").read_text(encoding="utf-8"))
+    assert config["sphinx"]["local_extensions"]["sphinx_zh"] == "../tools/"

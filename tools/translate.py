@@ -63,6 +63,7 @@ PART_CAPTIONS = {
     "Appendix": "附录",
 }
 GLOSSARY_PART = "参考"
+AUTHOR = "多头注意力课程的作者们"
 UNTRANSLATED_NOTE = (
     ":::{note}\n本章尚未译成中文，下面是英文原文。"
     "术语的中文译法见{ref}`术语表 <zh-glossary>`。\n:::"
@@ -408,12 +409,144 @@ def translated(units, cells: dict) -> dict[str, dict]:
     }
 
 
+# --- the code cells a Chinese reader runs: the setup cell and the checkers' output ---------------
+
+SETUP_CELL = REPO / "tools" / "setup_cell.txt"
+# Every comment line of tools/setup_cell.txt, in Chinese (a new English comment fails the build
+# until it is added here); code lines are kept, except the two rewritten below.
+SETUP_COMMENTS = {
+    "# Setup. On Colab: install the course package `mha` from the repository": (
+        "# 准备工作。在Colab上：从代码仓库安装课程的Python包`mha`"
+    ),
+    "# (Colab's own torch and numpy stay untouched). Locally: use the checkout": (
+        "# （Colab自带的torch和numpy保持不变）。在本地：使用本笔记本所在的"
+    ),
+    "# this notebook lives in.": "# 检出目录（zh/chapters/的上两级）。",
+    "# Figures at twice their size: sharp on high-density screens.": (
+        "# 图以两倍尺寸绘制：在高分辨率屏幕上也清晰。"
+    ),
+}
+# zh/chapters/ is one folder deeper than chapters/: the checkout is two folders up.
+SETUP_PATH = (
+    "    sys.path.insert(0, str(pathlib.Path.cwd().parent))",
+    "    sys.path.insert(0, str(pathlib.Path.cwd().parents[1]))",
+)
+# The checkers speak Chinese in the Chinese notebooks (mha.exercises.set_language).
+SETUP_LANGUAGE = (
+    "import torch",
+    'import torch\n\nimport mha.exercises\n\nmha.exercises.set_language("zh")  # 练习检查器用中文给出提示',
+)
+
+
+def chinese_setup_cell(english: str) -> str:
+    """The setup cell of a Chinese notebook: tools/setup_cell.txt with Chinese comments, the
+    checkout found from zh/chapters/, and the checkers switched to Chinese."""
+    lines = []
+    for line in english.split("\n"):
+        if line.lstrip().startswith("# ") and line not in SETUP_COMMENTS:
+            raise ValueError(
+                f"translate this comment of tools/setup_cell.txt in SETUP_COMMENTS: {line!r}"
+            )
+        line = SETUP_COMMENTS.get(line, line)
+        for old, new in (SETUP_PATH, SETUP_LANGUAGE):
+            line = new if line == old else line
+        lines.append(line)
+    text = "\n".join(lines)
+    missing = [new for _, new in (SETUP_PATH, SETUP_LANGUAGE) if new not in text]
+    if missing:
+        raise ValueError(
+            f"tools/setup_cell.txt changed: cannot place {missing} (tools/translate.py)"
+        )
+    return text
+
+
+CHECKER_LINE = re.compile(r"^✓ (check_\w+): correct — .*$", re.MULTILINE)
+
+
+def run_checkers() -> dict[str, dict[str, str]]:
+    """What every exercise checker prints for an answer it accepts, in English and in Chinese.
+
+    Run in a fresh interpreter (`translate.py checker-lines`) on the checkout's `mha`, with Triton
+    interpreted, so that the language switch and Triton's mode stay out of the caller's process.
+    """
+    import json
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "MHA_LANG"}
+    env.update(PYTHONPATH=str(REPO), TRITON_INTERPRET="1")
+    result = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "checker-lines"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"running the checkers failed:\n{result.stderr}")
+    return json.loads(result.stdout)
+
+
+def checker_lines_here() -> dict[str, dict[str, str]]:
+    """`translate.py checker-lines`: each checker run on its first declared variant, per language."""
+    import contextlib
+    import io
+
+    import mha.exercises as exercises
+
+    lines: dict[str, dict[str, str]] = {}
+    for exercise in exercises.EXERCISES:
+        lines[exercise.name] = {}
+        for language in ("en", "zh"):
+            exercises.set_language(language)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                exercise.check(exercise.accepted_answer())
+            lines[exercise.name][language] = out.getvalue().rstrip("\n")
+    exercises.set_language("en")
+    return lines
+
+
+_CHECKERS: dict[str, dict[str, str]] = {}
+
+
+def chinese_checker_output(text: str, where: str) -> str:
+    """A stored stdout with every checker's success line replaced by what that checker prints in
+    Chinese. The English line must be exactly what the checker prints now in English (else the
+    stored notebook is out of date: make execute), so both lines are one result, two languages."""
+
+    def swap(m: re.Match) -> str:
+        if not _CHECKERS:
+            _CHECKERS.update(run_checkers())
+        lines = _CHECKERS.get(m.group(1))
+        if lines is None or lines["en"] != m.group(0):
+            raise ValueError(
+                f"{where}: the stored line {m.group(0)!r} is not what {m.group(1)} prints now "
+                f"({lines and lines['en']!r}); re-execute the notebook (make execute)"
+            )
+        return lines["zh"]
+
+    return CHECKER_LINE.sub(swap, text)
+
+
+def chinese_code_cell(cell, stem: str, setup: str) -> None:
+    if cell.source.rstrip("\n") == setup.rstrip("\n"):
+        cell.source = chinese_setup_cell(cell.source)
+    for output in cell.get("outputs", []):
+        if output.output_type == "stream" and output.name == "stdout":
+            output.text = chinese_checker_output(output.text, f"{stem}: cell {cell.id}")
+
+
 def chinese_notebook(stem: str, *, listed: bool):
     nb = nbformat.read(REPO / "chapters" / f"{stem}.ipynb", as_version=4)
     # An unlisted chapter is published in English, even where a (draft) translation exists.
     cells = translated(notebook_units(nb), load_translation(stem)) if listed else {}
+    setup = SETUP_CELL.read_text(encoding="utf-8")
     for cell in nb.cells:
         entry = cells.get(cell.id)
+        if cell.cell_type == "code" and listed:
+            chinese_code_cell(cell, stem, setup)
         if cell.cell_type == "markdown":
             cell.source = deeper_paths(entry["zh"].rstrip("\n") if entry else cell.source)
         elif entry and figure_text(cell) is not None:
@@ -467,11 +600,23 @@ def chinese_config(config: dict) -> dict:
     zh["exclude_patterns"] = [p for p in config["exclude_patterns"] if p not in outside]
     sphinx = zh["sphinx"]
     sphinx["local_extensions"] = {k: f"../{v}" for k, v in sphinx["local_extensions"].items()}
+    # Chinese search (one-character words indexed, the query split as the index was), zh_CN
+    # interface strings, "Suggest edit" opening the translation file.
+    sphinx["local_extensions"]["sphinx_zh"] = "../tools/"
     conf = sphinx["config"]
     conf["language"] = "zh_CN"
+    # Interface strings that are configuration, not catalogue entries (tools/sphinx_zh.py has those).
+    zh["author"] = AUTHOR
+    conf["togglebutton_hint"] = "点击显示"
+    conf["togglebutton_hint_hide"] = "点击隐藏"
+    # The book hides only code cells' source (tag hide-input): the toggle shows the code.
+    conf["nb_code_prompt_show"] = "显示代码"
+    conf["nb_code_prompt_hide"] = "隐藏代码"
+    conf["html_theme_options"]["search_bar_text"] = "在本书中搜索……"
     conf["html_static_path"] = [f"../{p}" for p in conf["html_static_path"]]
     conf["language_switch"] = {"root": "..", "url": "../", "label": "English", "lang": "en"}
-    # Sphinx's Chinese search splits words with jieba (requirements.txt).
+    # Sphinx's Chinese search splits words with jieba (requirements.txt), as tools/sphinx_zh_search.py
+    # adapts it.
     conf["html_search_language"] = "zh"
     return zh
 
@@ -541,8 +686,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("stale")
     sub.add_parser("check")
     sub.add_parser("build")
+    sub.add_parser("checker-lines", help="(internal) what every checker prints, as JSON")
     args = parser.parse_args(argv)
-    if args.command == "todo":
+    if args.command == "checker-lines":
+        import json
+
+        print(json.dumps(checker_lines_here(), ensure_ascii=False))
+    elif args.command == "todo":
         todo(args.stem)
     elif args.command == "stale":
         names = ["index", *toc_stems(english_toc())]
