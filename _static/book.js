@@ -49,6 +49,16 @@
     });
     // The sidebar's toggle that shows a chapter's sections is an empty <summary> (an icon only):
     // it has no accessible name (axe-core: summary-name). Name it after its chapter's link.
+    // sphinx-book-theme writes the sidebar toggles' titles in English, untranslated.
+    if (chinese) {
+      document.querySelectorAll(".primary-toggle, .secondary-toggle").forEach(function (el) {
+        var primary = el.classList.contains("primary-toggle");
+        el.setAttribute("title", primary ? "显示/隐藏侧边栏" : "显示/隐藏页内目录");
+        if (el.getAttribute("data-bs-original-title")) {
+          el.setAttribute("data-bs-original-title", el.getAttribute("title"));
+        }
+      });
+    }
     document.querySelectorAll(".has-children > details > summary").forEach(function (el) {
       if (el.getAttribute("aria-label")) return;
       var item = el.parentElement.parentElement;
