@@ -352,3 +352,41 @@ def test_chinese_search_indexes_one_character_words_and_edit_links_open_the_tran
     assert sphinx_zh.edit_url(f"{repo}/zh/chapters/glossary.md") == f"{repo}/i18n/zh/glossary.yml"
     config = yaml.safe_load((translate.ZH / "_config.yml").read_text(encoding="utf-8"))
     assert config["sphinx"]["local_extensions"]["sphinx_zh"] == "../tools/"
+
+
+def test_an_allowed_word_and_an_english_gloss_are_not_avoided_terms():
+    glossary = [{"en": "notebook", "zh": "notebook", "avoid": ["笔记本"], "allow": ["笔记本电脑"]}]
+    assert not translate.glossary_problems("这个notebook在笔记本电脑上运行。", glossary)
+    assert translate.glossary_problems("这个笔记本在笔记本电脑上运行。", glossary)
+    online = [{"en": "online softmax", "zh": "在线softmax", "avoid": ["online softmax"]}]
+    assert not translate.glossary_problems("*在线softmax*（online softmax）", online)
+    assert translate.glossary_problems("一个分块的online softmax", online)
+
+
+@pytest.mark.parametrize(
+    "text, ambiguous",
+    [
+        ("它旧的值被缩小了$\\alpha < 1$倍", True),
+        ("softmax的FLOPs比乘积少25倍", True),
+        ("它的缓存恰好小4倍", True),
+        ("比预填充低五十倍以上", True),
+        ("softmax的FLOPs只有乘积的1/25", False),
+        ("它比GPU慢几千倍", False),  # more time: not ambiguous
+        ("保存的字节数变为原来的多少倍", False),
+        ("提高到组的大小那么多倍", False),
+    ],
+)
+def test_a_reduction_stated_as_a_multiple_is_caught(text, ambiguous):
+    assert bool(translate.glossary_problems(text, [])) == ambiguous, text
+
+
+def test_a_chapter_gives_the_english_at_the_first_use_of_a_term():
+    glossary = [{"en": "query", "zh": "查询", "first_use": True}]
+    glossed = [("a", [("c1", "# 查询\n\n每个查询（query）都看到键。"), ("c2", "查询再次出现。")])]
+    assert translate.first_use_problems(glossed, glossary) == []
+    bare = [("a", [("c1", "每个`查询`和$查询$不算。每个查询都看到键（key）。")])]
+    assert translate.first_use_problems(bare, glossary) == [
+        "a: c1: the chapter's first '查询' needs its English: 查询（query）"
+    ]
+    later = [("a", [("c1", "没有这个词。")]), ("b", [("c2", "**查询**（query）")])]
+    assert translate.first_use_problems(later, glossary) == []

@@ -307,14 +307,81 @@ def load_glossary(path: Path | None = None) -> list[dict]:
     return yaml.safe_load((path or GLOSSARY).read_text(encoding="utf-8"))["terms"]
 
 
+# An English gloss after a term, in full-width parentheses: 查询（query）, 在线softmax（online softmax）.
+GLOSS = re.compile(
+    r"（[^（）\u3000-\u9fff\uff01-\uff5e]*[A-Za-z][^（）\u3000-\u9fff\uff01-\uff5e]*）"
+)
+# "A 比 B 少/小/低 N 倍", "缩小 N 倍": ambiguous in Chinese (a reduction stated as a multiple);
+# write what it comes to instead: 只有B的四分之一, 是原来的1/25, 乘以α.
+REDUCTION_BY_A_MULTIPLE = re.compile(
+    r"(?:(?<!多)少|(?<!大)小|低|缩小|减少|降低)(?:了|约|近|到|至)?[^，。；：（）\n]{0,16}?倍(?!数)"
+)
+
+
+def without_allowed(text: str, term: dict) -> str:
+    for word in term.get("allow", []):
+        text = text.replace(word, " ")
+    return text
+
+
 def glossary_problems(chinese: str, glossary: list[dict]) -> list[str]:
     text = CODE.sub(" ", ROLE.sub(" ", chinese))
-    return [
+    text = GLOSS.sub(" ", INLINE_MATH.sub(" ", DISPLAY_MATH.sub(" ", text)))
+    problems = [
         f"uses {bad!r}; the glossary translates {term['en']!r} as {term['zh']!r}"
         for term in glossary
         for bad in term.get("avoid", [])
-        if bad in text
+        if bad in without_allowed(text, term)
     ]
+    problems += [
+        f"{m.group(0)!r}: a reduction stated as a multiple is ambiguous in Chinese; say what it "
+        "comes to (只有……的四分之一, 是原来的1/25, 乘以……)"
+        for m in REDUCTION_BY_A_MULTIPLE.finditer(text)
+    ]
+    return problems
+
+
+def prose(chinese: str) -> str:
+    """A markdown cell's running text: no code, math, roles, directive lines or headings."""
+    rest = structure(chinese)["rest"]
+    return "\n".join(ln for ln in rest.splitlines() if not HEADING.match(ln))
+
+
+def chapter_groups(toc: dict) -> list[list[str]]:
+    """Each chapter's pages (its opening page, then its sections), in reading order."""
+    groups = []
+    for part in toc.get("parts", []):
+        for chapter in part.get("chapters", []):
+            files = toc_files([chapter])
+            groups.append([f.removeprefix("chapters/") for f in files if f.startswith("chapters/")])
+    return [g for g in groups if g]
+
+
+def first_use_problems(pages: list[tuple[str, list[tuple[str, str]]]], glossary: list[dict]):
+    """Where a chapter first uses a `first_use` term without its English in parentheses.
+
+    pages: (name, [(cell id, Chinese markdown), ...]) of one chapter, in reading order.
+    """
+    problems = []
+    for term in (t for t in glossary if t.get("first_use")):
+        zh = term["zh"]
+        for name, cells in pages:
+            found = None
+            for uid, chinese in cells:
+                text = without_allowed(prose(chinese), term)
+                at = text.find(zh)
+                if at >= 0:
+                    found = (uid, text[at + len(zh) :].lstrip('*”"_ '))
+                    break
+            if found:
+                uid, after = found
+                if not GLOSS.match(after):
+                    problems.append(
+                        f"{name}: {uid}: the chapter's first {zh!r} needs its English: "
+                        f"{zh}（{term['en']}）"
+                    )
+                break
+    return problems
 
 
 # --- status and checks --------------------------------------------------------------------------
@@ -387,6 +454,20 @@ def check() -> list[str]:
             problems.append(f"i18n/zh/chapters.txt lists {name}, which is not a chapter")
             continue
         problems += check_file(name, glossary)
+    listed = set(listed_stems())
+    for group in [["index"], *chapter_groups(english_toc())]:
+        pages = []
+        for name in group:
+            if name == "index" or name in listed:
+                units = units_for(name)
+                cells = translated(units, load_translation(name))
+                texts = [
+                    (uid, cells[uid]["zh"])
+                    for uid, kind, _ in units
+                    if kind == "markdown" and uid in cells
+                ]
+                pages.append((name, texts))
+        problems += first_use_problems(pages, glossary)
     return problems
 
 
