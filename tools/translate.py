@@ -311,6 +311,8 @@ def load_glossary(path: Path | None = None) -> list[dict]:
 GLOSS = re.compile(
     r"（[^（）\u3000-\u9fff\uff01-\uff5e]*[A-Za-z][^（）\u3000-\u9fff\uff01-\uff5e]*）"
 )
+# At a term's first use: its English (and maybe more) in full-width parentheses: 多查询注意力（MQA，…）.
+FIRST_USE_GLOSS = re.compile(r"（\s*[A-Za-z]")
 # "A 比 B 少/小/低 N 倍", "缩小 N 倍": ambiguous in Chinese (a reduction stated as a multiple);
 # write what it comes to instead: 只有B的四分之一, 是原来的1/25, 乘以α.
 REDUCTION_BY_A_MULTIPLE = re.compile(
@@ -375,7 +377,7 @@ def first_use_problems(pages: list[tuple[str, list[tuple[str, str]]]], glossary:
                     break
             if found:
                 uid, after = found
-                if not GLOSS.match(after):
+                if not FIRST_USE_GLOSS.match(after):
                     problems.append(
                         f"{name}: {uid}: the chapter's first {zh!r} needs its English: "
                         f"{zh}（{term['en']}）"
