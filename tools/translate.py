@@ -27,8 +27,16 @@ math, inline code spans, URLs and link targets; some Chinese text in every cell 
 prose; and no word that i18n/zh/glossary.yml lists under `avoid`.
 
 The generated notebooks equal the English ones except for markdown sources, figure alt texts and
-captions, the `language` entry of the notebook metadata, and `{literalinclude}` paths (one level
-deeper: zh/chapters/ instead of chapters/). Code cells, outputs, cell ids and tags are copied.
+captions, the `language` entry of the notebook metadata, `{literalinclude}` paths (one level
+deeper: zh/chapters/ instead of chapters/), and in a listed chapter the setup cell (chinese_setup_cell:
+Chinese comments, the checkout two folders up, `mha.exercises.set_language("zh")`) and every checker's
+success line, replaced by what that checker prints in Chinese (run_checkers: each checker run on an
+answer it accepts, in a fresh interpreter, in both languages; the English line must equal the stored
+one, else the notebook is stale). Other code cells, outputs, cell ids and tags are copied.
+
+`check` also enforces, in every listed file: no reduction stated as a multiple (比B少N倍, 缩小N倍), and
+per chapter (opening page and sections, in reading order) the English in full-width parentheses at
+the first use of every glossary term marked `first_use`.
 """
 
 from __future__ import annotations
