@@ -26,7 +26,7 @@ tools/translate.py's chinese_config; the wide-table hint is in _static/book.js.)
 from __future__ import annotations
 
 import re
-from gettext import GNUTranslations
+from gettext import GNUTranslations, NullTranslations
 from pathlib import Path
 
 from sphinx import locale
@@ -101,15 +101,18 @@ I18N = Path(__file__).resolve().parents[1] / "i18n" / "zh"
 EDIT_SOURCE = re.compile(r"/zh/chapters/([^/?#]+)\.(?:ipynb|md)$")
 
 
+class _Interface(NullTranslations):
+    def gettext(self, message: str) -> str:
+        return INTERFACE.get(message, message)
+
+
 def zh_cn_interface(app) -> None:
     """Put INTERFACE in front of every message catalogue loaded so far."""
     for translator in locale.translators.values():
         if isinstance(translator, GNUTranslations):
             translator._catalog.update(INTERFACE)  # type: ignore[attr-defined]
-        else:
-            overrides = GNUTranslations()
-            overrides._catalog = dict(INTERFACE)  # type: ignore[attr-defined]
-            translator.add_fallback(overrides)
+        else:  # no catalogue of this language: English, unless INTERFACE has it
+            translator.add_fallback(_Interface())
 
 
 def edit_url(url: str) -> str:
