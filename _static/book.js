@@ -49,14 +49,27 @@
     });
     // The sidebar's toggle that shows a chapter's sections is an empty <summary> (an icon only):
     // it has no accessible name (axe-core: summary-name). Name it after its chapter's link.
-    // sphinx-book-theme writes the sidebar toggles' titles in English, untranslated.
+    // sphinx-book-theme writes the sidebar toggles' titles in English, untranslated, and
+    // sphinx-togglebutton names a solution's chevron button in English.
     if (chinese) {
+      document.querySelectorAll('.toggle-button[aria-label="Toggle hidden content"]').forEach(
+        function (el) {
+          el.setAttribute("aria-label", "显示/隐藏内容");
+        }
+      );
       document.querySelectorAll(".primary-toggle, .secondary-toggle").forEach(function (el) {
         var primary = el.classList.contains("primary-toggle");
-        el.setAttribute("title", primary ? "显示/隐藏侧边栏" : "显示/隐藏页内目录");
-        if (el.getAttribute("data-bs-original-title")) {
-          el.setAttribute("data-bs-original-title", el.getAttribute("title"));
+        var name = primary ? "显示/隐藏侧边栏" : "显示/隐藏页内目录";
+        // Bootstrap's tooltip may have taken the title already (into data-bs-original-title, its
+        // own content, and the button's aria-label): then each of those is changed instead.
+        var tip = window.bootstrap && bootstrap.Tooltip && bootstrap.Tooltip.getInstance(el);
+        if (tip && tip.setContent) tip.setContent({ ".tooltip-inner": name });
+        if (el.hasAttribute("data-bs-original-title")) {
+          el.setAttribute("data-bs-original-title", name);
+        } else {
+          el.setAttribute("title", name);
         }
+        if (el.hasAttribute("aria-label")) el.setAttribute("aria-label", name);
       });
     }
     document.querySelectorAll(".has-children > details > summary").forEach(function (el) {

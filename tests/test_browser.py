@@ -882,6 +882,8 @@ ENGLISH_CHROME = (
     "列印成 PDF",
     "Color mode",
     "Wide table",
+    "Toggle hidden content",
+    "Toggle primary sidebar",
     "The multi-head attention course authors",
 )
 
@@ -896,9 +898,9 @@ def test_chinese_interface_and_checker_output(open_page, open_phone_page):
     assert ": correct — " not in article, "an English checker line on a Chinese page"
     shown = page.evaluate(
         """() => [document.body.innerText,
-                  ...[...document.querySelectorAll('[title], [aria-label], [data-bs-title]')]
-                     .map(e => [e.title, e.getAttribute('aria-label'),
-                                e.getAttribute('data-bs-title')].join(' ')),
+                  ...[...document.querySelectorAll('*')]
+                     .map(e => ['title', 'aria-label', 'data-bs-title', 'data-bs-original-title']
+                                .map(a => e.getAttribute(a) || '').join(' ')),
                   toggleHintShow, toggleHintHide].join('\\n')"""
     )
     english = [s for s in ENGLISH_CHROME if s in shown]
