@@ -59,13 +59,15 @@ CHECKER_LINE_ZH = re.compile(r"^✓ (check_\w+)：正确——\S.*$")
 
 def without_translated_text(cell) -> dict:
     """A cell without what a Chinese notebook translates: markdown, a figure's alt text and
-    caption, the setup cell's source (tested below), and the checkers' success lines, which
+    caption, code comments, the setup cell's source (tested below), and the checkers' lines, which
     become the `check_*` name alone (what the checker prints in Chinese is tested below)."""
     cell = nbformat.from_dict(dict(cell))
     if cell.cell_type == "markdown":
         cell.source = ""
     if cell.cell_type == "code" and "import mha\n" in cell.source and "%pip install" in cell.source:
         cell.source = ""
+    elif cell.cell_type == "code":  # comments may be translated (`code:` in i18n/zh/<stem>.yml)
+        cell.source = repr(translate.code_tokens(cell.source))
     for output in cell.get("outputs", []):
         if output.output_type == "stream":
             lines = output.text.split("\n")
@@ -129,11 +131,9 @@ def test_the_chinese_checker_lines_are_what_the_checkers_print_in_chinese():
     """The checker lines of the Chinese notebooks come from running each checker in Chinese
     (a fresh interpreter, mha.exercises.set_language("zh")) on an answer it accepts; the same run
     in English prints exactly the English notebook's line."""
-    import mha.exercises as exercises
-
-    lines = translate.run_checkers()
-    for exercise in exercises.EXERCISES:
-        en, zh = lines[exercise.name]["en"], lines[exercise.name]["zh"]
+    lines = translate.run_checkers()  # the checkout's mha, every exercise
+    for name in lines:
+        en, zh = lines[name]["en"], lines[name]["zh"]
         assert CHECKER_LINE_EN.match(en) and CHECKER_LINE_ZH.match(zh), (en, zh)
     shown = {}
     for path in sorted((translate.ZH / "chapters").glob("*.ipynb")):
@@ -390,3 +390,21 @@ def test_a_chapter_gives_the_english_at_the_first_use_of_a_term():
     ]
     later = [("a", [("c1", "没有这个词。")]), ("b", [("c2", "**查询**（query）")])]
     assert translate.first_use_problems(later, glossary) == []
+
+
+def test_a_code_comment_translation_changes_comments_only(tmp_path):
+    cell = nbformat.v4.new_code_cell("x = 1  # one\n# add\ny = x + 1\n")
+    cell.id = "c1"
+    nb = nbformat.v4.new_notebook(cells=[cell])
+
+    def problems(comments: dict) -> list[str]:
+        (tmp_path / "demo.yml").write_text(
+            yaml.safe_dump({"code": {"c1": {"comments": comments}}}, allow_unicode=True),
+            encoding="utf-8",
+        )
+        return translate.comment_problems("demo", nb, tmp_path)
+
+    assert problems({"one": "一", "add": "加一"}) == []
+    assert translate.with_comments(cell.source, {"one": "一"}) == "x = 1  # 一\n# add\ny = x + 1\n"
+    assert any("stale" in p for p in problems({"two": "二"}))
+    assert any("changes code" in p for p in problems({"add\ny = x + 1": "加一\ny = x + 2"}))

@@ -394,6 +394,63 @@ def first_use_problems(pages: list[tuple[str, list[tuple[str, str]]]], glossary:
     return problems
 
 
+# --- code comments ------------------------------------------------------------------------------
+#
+# A translation file may translate the comments of code cells, under `code:` (beside `cells:`):
+#
+#     code:
+#       73adc9b5:               # a code cell's id
+#         comments:             # the text after "# " in the English cell -> the Chinese text
+#           model width: 模型维度
+#
+# Only comments change: `check` tokenizes both versions and requires every other token to be the
+# same. A comment that the English cell no longer has is reported (and the cell keeps its English).
+
+
+def load_code_comments(name: str, i18n: Path | None = None) -> dict[str, dict[str, str]]:
+    path = (i18n or I18N) / f"{name}.yml"
+    if not path.exists():
+        return {}
+    data = yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.BaseLoader) or {}
+    return {uid: entry.get("comments") or {} for uid, entry in (data.get("code") or {}).items()}
+
+
+def with_comments(source: str, comments: dict[str, str]) -> str:
+    for english, chinese in comments.items():
+        source = source.replace(f"# {english}", f"# {chinese}")
+    return source
+
+
+def code_tokens(source: str) -> list[tuple[int, str]]:
+    """The tokens of a code cell without its comments (IPython magics tokenize as operators)."""
+    import io
+    import tokenize
+
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    try:
+        return [(t.type, t.string) for t in tokens if t.type != tokenize.COMMENT]
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return [(-1, re.sub(r"#.*", "", source))]
+
+
+def comment_problems(name: str, nb, i18n: Path | None = None) -> list[str]:
+    code = {cell.id: cell for cell in nb.cells if cell.cell_type == "code"}
+    problems = []
+    for uid, comments in load_code_comments(name, i18n).items():
+        cell = code.get(uid)
+        if cell is None:
+            problems.append(f"{name}: code {uid}: no such code cell")
+            continue
+        problems += [
+            f"{name}: code {uid}: the cell has no comment '# {english}' (stale)"
+            for english in comments
+            if f"# {english}" not in cell.source
+        ]
+        if code_tokens(with_comments(cell.source, comments)) != code_tokens(cell.source):
+            problems.append(f"{name}: code {uid}: the translation changes code, not only comments")
+    return problems
+
+
 # --- status and checks --------------------------------------------------------------------------
 
 
@@ -464,6 +521,9 @@ def check() -> list[str]:
             problems.append(f"i18n/zh/chapters.txt lists {name}, which is not a chapter")
             continue
         problems += check_file(name, glossary)
+        if name != "index":
+            nb = nbformat.read(REPO / "chapters" / f"{name}.ipynb", as_version=4)
+            problems += comment_problems(name, nb)
     listed = set(listed_stems())
     for group in [["index"], *chapter_groups(english_toc())]:
         pages = []
@@ -634,10 +694,12 @@ def chinese_notebook(stem: str, *, listed: bool):
     # An unlisted chapter is published in English, even where a (draft) translation exists.
     cells = translated(notebook_units(nb), load_translation(stem)) if listed else {}
     setup = SETUP_CELL.read_text(encoding="utf-8")
+    comments = load_code_comments(stem) if listed else {}
     for cell in nb.cells:
         entry = cells.get(cell.id)
         if cell.cell_type == "code" and listed:
             chinese_code_cell(cell, stem, setup)
+            cell.source = with_comments(cell.source, comments.get(cell.id, {}))
         if cell.cell_type == "markdown":
             cell.source = deeper_paths(entry["zh"].rstrip("\n") if entry else cell.source)
         elif entry and figure_text(cell) is not None:
