@@ -3,6 +3,8 @@
 "use strict";
 
 (function () {
+  var chinese = /^zh/i.test(document.documentElement.lang || "");
+
   // Wide tables: say that they scroll sideways, and let a keyboard scroll them (a scrollable
   // box must be focusable). Re-checked when the window changes size.
   function markScrollableTables() {
@@ -14,12 +16,14 @@
       if (scrollable) {
         box.setAttribute("tabindex", "0");
         box.setAttribute("role", "region");
-        box.setAttribute("aria-label", "Table, scrolls sideways");
+        box.setAttribute("aria-label", chinese ? "表格，可左右滚动" : "Table, scrolls sideways");
         if (!hasHint) {
           hint = document.createElement("p");
           hint.className = "book-scroll-hint";
           hint.setAttribute("aria-hidden", "true");
-          hint.textContent = "Wide table: scroll sideways to see all of it \u2192";
+          hint.textContent = chinese
+            ? "表格较宽：左右滚动可查看全部 \u2192"
+            : "Wide table: scroll sideways to see all of it \u2192";
           box.parentNode.insertBefore(hint, box);
         }
       } else {
@@ -45,7 +49,29 @@
     });
     // The sidebar's toggle that shows a chapter's sections is an empty <summary> (an icon only):
     // it has no accessible name (axe-core: summary-name). Name it after its chapter's link.
-    var chinese = /^zh/i.test(document.documentElement.lang || "");
+    // sphinx-book-theme writes the sidebar toggles' titles in English, untranslated, and
+    // sphinx-togglebutton names a solution's chevron button in English.
+    if (chinese) {
+      document.querySelectorAll('.toggle-button[aria-label="Toggle hidden content"]').forEach(
+        function (el) {
+          el.setAttribute("aria-label", "显示/隐藏内容");
+        }
+      );
+      document.querySelectorAll(".primary-toggle, .secondary-toggle").forEach(function (el) {
+        var primary = el.classList.contains("primary-toggle");
+        var name = primary ? "显示/隐藏侧边栏" : "显示/隐藏页内目录";
+        // Bootstrap's tooltip may have taken the title already (into data-bs-original-title, its
+        // own content, and the button's aria-label): then each of those is changed instead.
+        var tip = window.bootstrap && bootstrap.Tooltip && bootstrap.Tooltip.getInstance(el);
+        if (tip && tip.setContent) tip.setContent({ ".tooltip-inner": name });
+        if (el.hasAttribute("data-bs-original-title")) {
+          el.setAttribute("data-bs-original-title", name);
+        } else {
+          el.setAttribute("title", name);
+        }
+        if (el.hasAttribute("aria-label")) el.setAttribute("aria-label", name);
+      });
+    }
     document.querySelectorAll(".has-children > details > summary").forEach(function (el) {
       if (el.getAttribute("aria-label")) return;
       var item = el.parentElement.parentElement;
@@ -86,7 +112,31 @@
     });
   }
 
+  // Search results: Sphinx's snippet is the text of the page's [role="main"], which begins with
+  // the article header's buttons (".ipynb .pdf ... Contents"). The snippet comes from the
+  // article instead (searchtools.js defines Search on the search page only).
+  function articleSnippets() {
+    if (typeof Search === "undefined" || !Search.htmlToText) return;
+    var fallback = Search.htmlToText;
+    Search.htmlToText = function (htmlString, anchor) {
+      var doc = new DOMParser().parseFromString(htmlString, "text/html");
+      var article = doc.querySelector('[role="main"] article');
+      if (!article) return fallback(htmlString, anchor);
+      article.querySelectorAll(".headerlink, script, style").forEach(function (el) {
+        el.remove();
+      });
+      var part = null;
+      try {
+        part = anchor ? article.querySelector(anchor) : null;
+      } catch (e) {
+        part = null; // an anchor that is not a valid selector: the whole article
+      }
+      return (part || article).textContent;
+    };
+  }
+
   function init() {
+    articleSnippets();
     fixAria();
     solutionTitlesToggle();
     markScrollableTables();

@@ -31,7 +31,7 @@ import subprocess
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import urljoin, urlparse
+from urllib.parse import quote, urljoin, urlparse
 
 import nbformat
 import pytest
@@ -844,13 +844,118 @@ def test_chinese_page_on_a_phone(open_phone_page, path):
     check_wide_content(page, f"zh/{path}")
 
 
-def test_chinese_search_finds_chinese_words(open_page):
-    """Sphinx's Chinese search index (words split by jieba) answers a Chinese query."""
-    page, problems = open_page("zh/search.html?q=%E6%8E%A9%E7%A0%81")  # 掩码 (mask)
-    results = page.locator("#search-results ul.search li")
-    results.first.wait_for(timeout=15_000)
-    links = page.eval_on_selector_all(
-        "#search-results ul.search li a", "els => els.map(e => e.href)"
+# Search: each term, on each edition, must list the page that teaches it. Chinese queries are cut
+# with the index's own vocabulary (jieba's words, one-character words kept: tools/sphinx_zh.py).
+SEARCHES = {
+    "zh": {
+        "位置编码": "08_1_rope",
+        "滑动窗口": "05_4_skipping_masked_tiles",
+        "因果掩码": "04_1_masks_as_permissions",
+        "头维度": "06_2_flash_kernel",
+        "键": "01_1_soft_lookup",
+        "值": "01_1_soft_lookup",
+        "头": "03_1_one_head_to_many",
+        "掩码": "04_masking",
+        "缓存": "05_5_kv_cache",
+        "在线softmax": "05_3_flash_attention",
+        "分块": "05_3_flash_attention",
+        "反向传播": "07_1_gradients",
+        "填充": "04_1_masks_as_permissions",
+    },
+    "en": {
+        "positional encoding": "01_3_order_and_heads",
+        "sliding window": "05_4_skipping_masked_tiles",
+        "causal mask": "04_1_masks_as_permissions",
+        "head dimension": "02_2_why_scale",
+        "key": "01_1_soft_lookup",
+        "value": "01_1_soft_lookup",
+        "head": "03_1_one_head_to_many",
+        "mask": "04_masking",
+        "cache": "05_5_kv_cache",
+        "online softmax": "05_3_flash_attention",
+        "tile": "05_3_flash_attention",
+        "backward": "07_1_gradients",
+    },
+}
+# Page chrome that must not open a result's snippet (the article header's buttons and contents).
+CHROME = re.compile(r"\.ipynb|\.pdf|\bContents\b|目录|Suggest edit|Launch")
+
+
+@pytest.mark.parametrize("edition", sorted(SEARCHES))
+def test_search_finds_the_page_of_each_term(open_page, edition):
+    """The search page lists the page that teaches each term, with a snippet of article text."""
+    prefix = "zh/" if edition == "zh" else ""
+    missed, chrome = [], []
+    for term, stem in SEARCHES[edition].items():
+        page, problems = open_page(f"{prefix}search.html?q={quote(term)}")
+        # Sphinx appends the results one by one, then says how many it found.
+        page.wait_for_function(
+            "() => { const p = document.querySelector('#search-results p.search-summary');"
+            " return p && p.textContent.trim(); }",
+            timeout=30_000,
+        )
+        # Each result's snippet is fetched from its page after the result is listed.
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('#search-results ul.search li')].slice(0, 5)"
+            ".every(li => li.querySelector('p.context'))",
+            timeout=30_000,
+        )
+        results = page.eval_on_selector_all(
+            "#search-results ul.search li",
+            "els => els.map(e => [e.querySelector('a').href, "
+            "(e.querySelector('p.context') || {textContent: ''}).textContent])",
+        )
+        hrefs = [urlparse(href).path for href, _ in results]
+        if not any(h.endswith(f"{prefix}chapters/{stem}.html") for h in hrefs):
+            missed.append(f"{term!r}: {stem} not among {len(hrefs)} results {hrefs[:5]}")
+        chrome += [
+            f"{term!r}: {text[:80]!r}" for _, text in results[:5] if CHROME.search(text[:80])
+        ]
+        assert not problems["page_errors"], f"{term!r}: JavaScript errors {problems['page_errors']}"
+        page.close()
+    assert not missed, f"{edition} search:\n" + "\n".join(missed)
+    assert not chrome, f"{edition} search snippets begin with page chrome:\n" + "\n".join(chrome)
+
+
+# English interface strings that a Chinese page must not show (tools/sphinx_zh.py, translate.py).
+ENGLISH_CHROME = (
+    "Show code cell source",
+    "Click to show",
+    "Suggest edit",
+    "Print to PDF",
+    "列印成 PDF",
+    "Color mode",
+    "Wide table",
+    "Toggle hidden content",
+    "Toggle primary sidebar",
+    "The multi-head attention course authors",
+)
+
+
+def test_chinese_interface_and_checker_output(open_page, open_phone_page):
+    """A Chinese page speaks zh_CN around the article too, its checker lines are Chinese, and
+    "Suggest edit" opens the translation file, not the generated notebook."""
+    stem = "01_2_cat_eats_fish"
+    page, problems = open_page(f"zh/chapters/{stem}.html")
+    article = page.locator("article").first.text_content()
+    assert "✓ check_seed_head_fix：正确——" in article, "the checker line is not Chinese"
+    assert ": correct — " not in article, "an English checker line on a Chinese page"
+    shown = page.evaluate(
+        """() => [document.body.innerText,
+                  ...[...document.querySelectorAll('*')]
+                     .map(e => ['title', 'aria-label', 'data-bs-title', 'data-bs-original-title']
+                                .map(a => e.getAttribute(a) || '').join(' ')),
+                  toggleHintShow, toggleHintHide].join('\\n')"""
     )
-    assert any(link.split("?")[0].endswith("04_masking.html") for link in links), links
-    assert not problems["page_errors"], f"JavaScript errors: {problems['page_errors']}"
+    english = [s for s in ENGLISH_CHROME if s in shown]
+    assert not english, f"zh/chapters/{stem}: English interface strings {english}"
+    assert "打印为 PDF" in shown and "点击显示" in shown
+    edit = page.eval_on_selector_all(
+        'a[href*="/edit/"]', "els => els.map(e => e.getAttribute('href'))"
+    )
+    assert edit and all(h.endswith(f"/i18n/zh/{stem}.yml") for h in edit), edit
+    assert not problems["page_errors"], problems["page_errors"]
+    # On a phone, a wide table's hint is Chinese.
+    phone, _ = open_phone_page("zh/chapters/index.html")
+    hints = phone.eval_on_selector_all(".book-scroll-hint", "els => els.map(e => e.textContent)")
+    assert all(CJK.search(h) for h in hints), hints

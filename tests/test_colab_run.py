@@ -59,11 +59,15 @@ import execute_notebook  # noqa: E402 (tools/ is not a package: it joins the pat
 pytestmark = pytest.mark.slow
 
 CHAPTERS = sorted((REPO / "chapters").glob("[0-9][0-9]_*.ipynb"))
+# Chinese notebooks (tools/translate.py), run the same way: their setup cell switches the checkers
+# to Chinese, and the Chinese checker lines stored in them must be what the run prints.
+ZH_CHAPTERS = [REPO / "zh" / "chapters" / f"{stem}.ipynb" for stem in ("01_2_cat_eats_fish",)]
 SETUP_CELL = REPO / "tools" / "setup_cell.txt"
 SANITIZE = REPO / "tests" / "sanitize.cfg"
 GIT_URL_RE = re.compile(r"git\+https://[^\s\"']+")
 CHECKER_CALL_RE = re.compile(r"\bmha\.exercises\.check_\w+\s*\(")
 NOT_ATTEMPTED = "not attempted yet"
+NOT_ATTEMPTED_ZH = "尚未作答"  # the same line in a Chinese notebook (mha.exercises.set_language)
 CELL_TIMEOUT = 600  # seconds; a chapter takes about a minute on 2 CPU cores
 COMPARE = os.environ.get("MHA_COMPARE_OUTPUTS", "1").strip() != "0"
 
@@ -248,7 +252,7 @@ def stub_problems(stored: nbformat.NotebookNode, result: execute_notebook.Run) -
             continue  # not reached: the run stopped before
         calls = len(CHECKER_CALL_RE.findall(cell.source))
         printed = execute_notebook.stdout_of(result.notebook.cells[i])
-        lines = [ln for ln in printed.splitlines() if NOT_ATTEMPTED in ln]
+        lines = [ln for ln in printed.splitlines() if NOT_ATTEMPTED in ln or NOT_ATTEMPTED_ZH in ln]
         if len(lines) != calls:
             problems.append(
                 f"cell {i}: the unattempted stub made {calls} checker call(s) but printed "
@@ -279,7 +283,11 @@ def problems_of(
     return problems
 
 
-@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path",
+    CHAPTERS + ZH_CHAPTERS,
+    ids=lambda p: ("zh-" if p.parents[1] == REPO / "zh" else "") + p.stem,
+)
 def test_chapter_runs_as_in_colab_and_shows_its_stored_outputs(path, colab):
     stored = nbformat.read(path, as_version=4)
     result = run_as_in_colab(stored, colab)

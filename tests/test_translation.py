@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -52,10 +53,27 @@ def test_the_generated_chinese_book_is_up_to_date():
     )
 
 
+CHECKER_LINE_EN = re.compile(r"^✓ (check_\w+): correct — \S.*$")
+CHECKER_LINE_ZH = re.compile(r"^✓ (check_\w+)：正确——\S.*$")
+
+
 def without_translated_text(cell) -> dict:
+    """A cell without what a Chinese notebook translates: markdown, a figure's alt text and
+    caption, code comments, the setup cell's source (tested below), and the checkers' lines, which
+    become the `check_*` name alone (what the checker prints in Chinese is tested below)."""
     cell = nbformat.from_dict(dict(cell))
     if cell.cell_type == "markdown":
         cell.source = ""
+    if cell.cell_type == "code" and "import mha\n" in cell.source and "%pip install" in cell.source:
+        cell.source = ""
+    elif cell.cell_type == "code":  # comments may be translated (`code:` in i18n/zh/<stem>.yml)
+        cell.source = repr(translate.code_tokens(cell.source))
+    for output in cell.get("outputs", []):
+        if output.output_type == "stream":
+            lines = output.text.split("\n")
+            for pattern in (CHECKER_LINE_EN, CHECKER_LINE_ZH):
+                lines = [pattern.sub(r"\1 passed", line) for line in lines]
+            output.text = "\n".join(lines)
     if "mystnb" in cell.metadata:
         cell.metadata["mystnb"]["image"].pop("alt", None)
         cell.metadata["mystnb"]["figure"].pop("caption", None)
@@ -82,6 +100,53 @@ def test_a_chinese_notebook_has_the_english_code_and_outputs(stem):
         assert [translate.deeper_paths(c.source) for c in english.cells] == [
             c.source for c in cells
         ]
+        return
+    setup = translate.chinese_setup_cell(translate.SETUP_CELL.read_text(encoding="utf-8"))
+    assert cells[1].source.rstrip("\n") == setup.rstrip("\n"), f"{stem}: not the Chinese setup cell"
+    for en, zh in zip(english.cells, cells):
+        if en.cell_type == "code":
+            english_lines = [line for o in en.outputs for line in o.get("text", "").split("\n")]
+            chinese_lines = [line for o in zh.outputs for line in o.get("text", "").split("\n")]
+            assert not any(CHECKER_LINE_EN.match(line) for line in chinese_lines), (
+                f"{stem}: cell {en.id}: an English checker line in the Chinese notebook"
+            )
+            assert sum(map(bool, map(CHECKER_LINE_ZH.match, chinese_lines))) == sum(
+                map(bool, map(CHECKER_LINE_EN.match, english_lines))
+            )
+
+
+def test_the_chinese_setup_cell_is_the_english_one_with_chinese_comments_and_checkers():
+    english = translate.SETUP_CELL.read_text(encoding="utf-8")
+    chinese = translate.chinese_setup_cell(english)
+    assert 'mha.exercises.set_language("zh")' in chinese
+    assert "pathlib.Path.cwd().parents[1]" in chinese  # zh/chapters/ is one folder deeper
+    code = [ln for ln in english.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    kept = set(chinese.splitlines())
+    assert [ln for ln in code if ln not in kept] == [translate.SETUP_PATH[0]]
+    comments = [ln.split("#", 1)[1] for ln in chinese.splitlines() if "# " in ln]
+    assert all(re.search(r"[\u4e00-\u9fff]", c) for c in comments), comments
+
+
+def test_the_chinese_checker_lines_are_what_the_checkers_print_in_chinese():
+    """The checker lines of the Chinese notebooks come from running each checker in Chinese
+    (a fresh interpreter, mha.exercises.set_language("zh")) on an answer it accepts; the same run
+    in English prints exactly the English notebook's line."""
+    lines = translate.run_checkers()  # the checkout's mha, every exercise
+    for name in lines:
+        en, zh = lines[name]["en"], lines[name]["zh"]
+        assert CHECKER_LINE_EN.match(en) and CHECKER_LINE_ZH.match(zh), (en, zh)
+    shown = {}
+    for path in sorted((translate.ZH / "chapters").glob("*.ipynb")):
+        text = path.read_text(encoding="utf-8")
+        shown.update((name, line) for line, name in re.findall(r'"(✓ (check_\w+)：[^"\\]*)', text))
+    assert shown, "no checker line in the Chinese notebooks"
+    for name, line in shown.items():
+        assert lines[name]["zh"] == line, (name, line)
+
+
+def test_a_stale_checker_line_stops_the_build():
+    with pytest.raises(ValueError, match="re-execute"):
+        translate.chinese_checker_output("✓ check_softmax: correct — made up\n", "demo")
 
 
 def test_the_chinese_toc_mirrors_the_english_one():
@@ -259,3 +324,111 @@ def test_every_glossary_term_is_defined_and_points_at_a_label_of_the_book():
         assert term["taught"] in labels, (
             f"glossary: {term['en']!r} taught in unknown {term['taught']!r}"
         )
+
+
+@pytest.mark.slow
+def test_a_chinese_notebook_runs_from_a_clone_and_its_checkers_speak_chinese():
+    """The Chinese setup cell's local branch, as in a clone's Jupyter: from zh/chapters/, mha comes
+    from the checkout two folders up, and a checker prints the line stored in the notebook."""
+    import json
+
+    import execute_notebook
+
+    stored = nbformat.read(translate.ZH / "chapters" / "01_1_soft_lookup.ipynb", as_version=4)
+    setup = stored.cells[1].source
+    line = next(
+        o.text
+        for c in stored.cells
+        for o in c.get("outputs", [])
+        if "✓ check_" in o.get("text", "")
+    )
+    probe = (
+        "import json\nimport mha.exercises\n"
+        "print(json.dumps([mha.__file__, mha.exercises.get_language()]))\n"
+        "mha.exercises.check_lookup_weights(lambda q, k: (q @ k.mT / q.shape[-1] ** 0.5).softmax(-1))"
+    )
+    nb = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell(setup), nbformat.v4.new_code_cell(probe)]
+    )
+    result = execute_notebook.run(nb, cwd=translate.ZH / "chapters")
+    assert result.passed, result.error
+    first, checker = execute_notebook.stdout_of(nb.cells[1]).split("\n", 1)
+    where, language = json.loads(first)
+    assert Path(where).is_relative_to(REPO / "mha") and language == "zh"
+    assert checker == line, (checker, line)
+
+
+def test_chinese_search_indexes_one_character_words_and_edit_links_open_the_translation():
+    import sphinx_zh
+
+    search = sphinx_zh.SearchChineseWords({})
+    assert [w for w in ("键", "值", "头", "的", "a", "qk") if search.word_filter(w)] == [
+        "键",
+        "值",
+        "头",
+        "qk",
+    ]
+    repo = "https://github.com/o/r/edit/main"
+    assert sphinx_zh.edit_url(f"{repo}/zh/chapters/04_masking.ipynb") == (
+        f"{repo}/i18n/zh/04_masking.yml"
+    )
+    assert sphinx_zh.edit_url(f"{repo}/zh/chapters/index.md") == f"{repo}/i18n/zh/index.yml"
+    assert sphinx_zh.edit_url(f"{repo}/zh/chapters/glossary.md") == f"{repo}/i18n/zh/glossary.yml"
+    config = yaml.safe_load((translate.ZH / "_config.yml").read_text(encoding="utf-8"))
+    assert config["sphinx"]["local_extensions"]["sphinx_zh"] == "../tools/"
+
+
+def test_an_allowed_word_and_an_english_gloss_are_not_avoided_terms():
+    glossary = [{"en": "notebook", "zh": "notebook", "avoid": ["笔记本"], "allow": ["笔记本电脑"]}]
+    assert not translate.glossary_problems("这个notebook在笔记本电脑上运行。", glossary)
+    assert translate.glossary_problems("这个笔记本在笔记本电脑上运行。", glossary)
+    online = [{"en": "online softmax", "zh": "在线softmax", "avoid": ["online softmax"]}]
+    assert not translate.glossary_problems("*在线softmax*（online softmax）", online)
+    assert translate.glossary_problems("一个分块的online softmax", online)
+
+
+@pytest.mark.parametrize(
+    "text, ambiguous",
+    [
+        ("它旧的值被缩小了$\\alpha < 1$倍", True),
+        ("softmax的FLOPs比乘积少25倍", True),
+        ("它的缓存恰好小4倍", True),
+        ("比预填充低五十倍以上", True),
+        ("softmax的FLOPs只有乘积的1/25", False),
+        ("它比GPU慢几千倍", False),  # more time: not ambiguous
+        ("保存的字节数变为原来的多少倍", False),
+        ("提高到组的大小那么多倍", False),
+    ],
+)
+def test_a_reduction_stated_as_a_multiple_is_caught(text, ambiguous):
+    assert bool(translate.glossary_problems(text, [])) == ambiguous, text
+
+
+def test_a_chapter_gives_the_english_at_the_first_use_of_a_term():
+    glossary = [{"en": "query", "zh": "查询", "first_use": True}]
+    glossed = [("a", [("c1", "# 查询\n\n每个查询（query）都看到键。"), ("c2", "查询再次出现。")])]
+    assert translate.first_use_problems(glossed, glossary) == []
+    bare = [("a", [("c1", "每个`查询`和$查询$不算。每个查询都看到键（key）。")])]
+    assert translate.first_use_problems(bare, glossary) == [
+        "a: c1: the chapter's first '查询' needs its English: 查询（query）"
+    ]
+    later = [("a", [("c1", "没有这个词。")]), ("b", [("c2", "**查询**（query）")])]
+    assert translate.first_use_problems(later, glossary) == []
+
+
+def test_a_code_comment_translation_changes_comments_only(tmp_path):
+    cell = nbformat.v4.new_code_cell("x = 1  # one\n# add\ny = x + 1\n")
+    cell.id = "c1"
+    nb = nbformat.v4.new_notebook(cells=[cell])
+
+    def problems(comments: dict) -> list[str]:
+        (tmp_path / "demo.yml").write_text(
+            yaml.safe_dump({"code": {"c1": {"comments": comments}}}, allow_unicode=True),
+            encoding="utf-8",
+        )
+        return translate.comment_problems("demo", nb, tmp_path)
+
+    assert problems({"one": "一", "add": "加一"}) == []
+    assert translate.with_comments(cell.source, {"one": "一"}) == "x = 1  # 一\n# add\ny = x + 1\n"
+    assert any("stale" in p for p in problems({"two": "二"}))
+    assert any("changes code" in p for p in problems({"add\ny = x + 1": "加一\ny = x + 2"}))

@@ -34,8 +34,16 @@ math, inline code spans, URLs and link targets; some Chinese text in every cell 
 prose; and no word that i18n/zh/glossary.yml lists under `avoid`.
 
 The generated notebooks equal the English ones except for markdown sources, figure alt texts and
-captions, the `language` entry of the notebook metadata, and `{literalinclude}` paths (one level
-deeper: zh/chapters/ instead of chapters/). Code cells, outputs, cell ids and tags are copied.
+captions, the `language` entry of the notebook metadata, `{literalinclude}` paths (one level
+deeper: zh/chapters/ instead of chapters/), and in a listed chapter the setup cell (chinese_setup_cell:
+Chinese comments, the checkout two folders up, `mha.exercises.set_language("zh")`) and every checker's
+success line, replaced by what that checker prints in Chinese (run_checkers: each checker run on an
+answer it accepts, in a fresh interpreter, in both languages; the English line must equal the stored
+one, else the notebook is stale). Other code cells, outputs, cell ids and tags are copied.
+
+`check` also enforces, in every listed file: no reduction stated as a multiple (比B少N倍, 缩小N倍), and
+per chapter (opening page and sections, in reading order) the English in full-width parentheses at
+the first use of every glossary term marked `first_use`.
 """
 
 from __future__ import annotations
@@ -72,6 +80,7 @@ PART_CAPTIONS = {
     "Appendix": "附录",
 }
 GLOSSARY_PART = "参考"
+AUTHOR = "多头注意力课程的作者们"
 UNTRANSLATED_NOTE = (
     ":::{note}\n本章尚未译成中文，下面是英文原文。"
     "术语的中文译法见{ref}`术语表 <zh-glossary>`。\n:::"
@@ -335,14 +344,140 @@ def load_glossary(path: Path | None = None) -> list[dict]:
     return yaml.safe_load((path or GLOSSARY).read_text(encoding="utf-8"))["terms"]
 
 
+# An English gloss after a term, in full-width parentheses: 查询（query）, 在线softmax（online softmax）.
+GLOSS = re.compile(
+    r"（[^（）\u3000-\u9fff\uff01-\uff5e]*[A-Za-z][^（）\u3000-\u9fff\uff01-\uff5e]*）"
+)
+# At a term's first use: its English (and maybe more) in full-width parentheses: 多查询注意力（MQA，…）.
+FIRST_USE_GLOSS = re.compile(r"（\s*[A-Za-z]")
+# "A 比 B 少/小/低 N 倍", "缩小 N 倍": ambiguous in Chinese (a reduction stated as a multiple);
+# write what it comes to instead: 只有B的四分之一, 是原来的1/25, 乘以α.
+REDUCTION_BY_A_MULTIPLE = re.compile(
+    r"(?:(?<!多)少|(?<!大)小|低|缩小|减少|降低)(?:了|约|近|到|至)?[^，。；：（）\n]{0,16}?倍(?!数)"
+)
+
+
+def without_allowed(text: str, term: dict) -> str:
+    for word in term.get("allow", []):
+        text = text.replace(word, " ")
+    return text
+
+
 def glossary_problems(chinese: str, glossary: list[dict]) -> list[str]:
     text = CODE.sub(" ", ROLE.sub(" ", chinese))
-    return [
+    text = GLOSS.sub(" ", INLINE_MATH.sub(" ", DISPLAY_MATH.sub(" ", text)))
+    problems = [
         f"uses {bad!r}; the glossary translates {term['en']!r} as {term['zh']!r}"
         for term in glossary
         for bad in term.get("avoid", [])
-        if bad in text
+        if bad in without_allowed(text, term)
     ]
+    problems += [
+        f"{m.group(0)!r}: a reduction stated as a multiple is ambiguous in Chinese; say what it "
+        "comes to (只有……的四分之一, 是原来的1/25, 乘以……)"
+        for m in REDUCTION_BY_A_MULTIPLE.finditer(text)
+    ]
+    return problems
+
+
+def prose(chinese: str) -> str:
+    """A markdown cell's running text: no code, math, roles, directive lines or headings."""
+    rest = structure(chinese)["rest"]
+    return "\n".join(ln for ln in rest.splitlines() if not HEADING.match(ln))
+
+
+def chapter_groups(toc: dict) -> list[list[str]]:
+    """Each chapter's pages (its opening page, then its sections), in reading order."""
+    groups = []
+    for part in toc.get("parts", []):
+        for chapter in part.get("chapters", []):
+            files = toc_files([chapter])
+            groups.append([f.removeprefix("chapters/") for f in files if f.startswith("chapters/")])
+    return [g for g in groups if g]
+
+
+def first_use_problems(pages: list[tuple[str, list[tuple[str, str]]]], glossary: list[dict]):
+    """Where a chapter first uses a `first_use` term without its English in parentheses.
+
+    pages: (name, [(cell id, Chinese markdown), ...]) of one chapter, in reading order.
+    """
+    problems = []
+    for term in (t for t in glossary if t.get("first_use")):
+        zh = term["zh"]
+        for name, cells in pages:
+            found = None
+            for uid, chinese in cells:
+                text = without_allowed(prose(chinese), term)
+                at = text.find(zh)
+                if at >= 0:
+                    found = (uid, text[at + len(zh) :].lstrip('*”"_ '))
+                    break
+            if found:
+                uid, after = found
+                if not FIRST_USE_GLOSS.match(after):
+                    problems.append(
+                        f"{name}: {uid}: the chapter's first {zh!r} needs its English: "
+                        f"{zh}（{term['en']}）"
+                    )
+                break
+    return problems
+
+
+# --- code comments ------------------------------------------------------------------------------
+#
+# A translation file may translate the comments of code cells, under `code:` (beside `cells:`):
+#
+#     code:
+#       73adc9b5:               # a code cell's id
+#         comments:             # the text after "# " in the English cell -> the Chinese text
+#           model width: 模型维度
+#
+# Only comments change: `check` tokenizes both versions and requires every other token to be the
+# same. A comment that the English cell no longer has is reported (and the cell keeps its English).
+
+
+def load_code_comments(name: str, i18n: Path | None = None) -> dict[str, dict[str, str]]:
+    path = (i18n or I18N) / f"{name}.yml"
+    if not path.exists():
+        return {}
+    data = yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.BaseLoader) or {}
+    return {uid: entry.get("comments") or {} for uid, entry in (data.get("code") or {}).items()}
+
+
+def with_comments(source: str, comments: dict[str, str]) -> str:
+    for english, chinese in comments.items():
+        source = source.replace(f"# {english}", f"# {chinese}")
+    return source
+
+
+def code_tokens(source: str) -> list[tuple[int, str]]:
+    """The tokens of a code cell without its comments (IPython magics tokenize as operators)."""
+    import io
+    import tokenize
+
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    try:
+        return [(t.type, t.string) for t in tokens if t.type != tokenize.COMMENT]
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return [(-1, re.sub(r"#.*", "", source))]
+
+
+def comment_problems(name: str, nb, i18n: Path | None = None) -> list[str]:
+    code = {cell.id: cell for cell in nb.cells if cell.cell_type == "code"}
+    problems = []
+    for uid, comments in load_code_comments(name, i18n).items():
+        cell = code.get(uid)
+        if cell is None:
+            problems.append(f"{name}: code {uid}: no such code cell")
+            continue
+        problems += [
+            f"{name}: code {uid}: the cell has no comment '# {english}' (stale)"
+            for english in comments
+            if f"# {english}" not in cell.source
+        ]
+        if code_tokens(with_comments(cell.source, comments)) != code_tokens(cell.source):
+            problems.append(f"{name}: code {uid}: the translation changes code, not only comments")
+    return problems
 
 
 # --- status and checks --------------------------------------------------------------------------
@@ -416,6 +551,23 @@ def check() -> list[str]:
             problems.append(f"i18n/zh/chapters.txt lists {name}, which is not a chapter")
             continue
         problems += check_file(name, glossary)
+        if name not in pages:  # a notebook (the markdown pages have no code)
+            nb = nbformat.read(REPO / "chapters" / f"{name}.ipynb", as_version=4)
+            problems += comment_problems(name, nb)
+    listed = set(listed_stems())
+    for group in [["index"], *chapter_groups(english_toc())]:
+        pages = []
+        for name in group:
+            if name == "index" or name in listed:
+                units = units_for(name)
+                cells = translated(units, load_translation(name))
+                texts = [
+                    (uid, cells[uid]["zh"])
+                    for uid, kind, _ in units
+                    if kind == "markdown" and uid in cells
+                ]
+                pages.append((name, texts))
+        problems += first_use_problems(pages, glossary)
     return problems
 
 
@@ -438,12 +590,159 @@ def translated(units, cells: dict) -> dict[str, dict]:
     }
 
 
+# --- the code cells a Chinese reader runs: the setup cell and the checkers' output ---------------
+
+SETUP_CELL = REPO / "tools" / "setup_cell.txt"
+# Every comment line of tools/setup_cell.txt, in Chinese (a new English comment fails the build
+# until it is added here); code lines are kept, except the two rewritten below.
+SETUP_COMMENTS = {
+    "# Setup. On Colab: install the course package `mha` from the repository": (
+        "# 准备工作。在Colab上：从代码仓库安装课程的Python包`mha`"
+    ),
+    "# (Colab's own torch and numpy stay untouched). Locally: use the checkout": (
+        "# （Colab自带的torch和numpy保持不变）。在本地：使用本笔记本所在的"
+    ),
+    "# this notebook lives in.": "# 检出目录（zh/chapters/的上两级）。",
+    "# Figures at twice their size: sharp on high-density screens. Their text is": (
+        "# 图以两倍尺寸绘制：在高分辨率屏幕上也清晰。图中文字为"
+    ),
+    "# 12 pt, and a figure 5.4 inches wide unless it says otherwise: on a phone, where": (
+        "# 12磅，图宽5.4英寸（另有说明的除外）：在手机上，图会缩小到屏幕宽度，"
+    ),
+    "# a figure shrinks to the screen, its smallest label stays about 9 px tall.": (
+        "# 其中最小的标签仍有约9像素高。"
+    ),
+}
+# zh/chapters/ is one folder deeper than chapters/: the checkout is two folders up.
+SETUP_PATH = (
+    "    sys.path.insert(0, str(pathlib.Path.cwd().parent))",
+    "    sys.path.insert(0, str(pathlib.Path.cwd().parents[1]))",
+)
+# The checkers speak Chinese in the Chinese notebooks (mha.exercises.set_language).
+SETUP_LANGUAGE = (
+    "import torch",
+    'import torch\n\nimport mha.exercises\n\nmha.exercises.set_language("zh")  # 练习检查器用中文给出提示',
+)
+
+
+def chinese_setup_cell(english: str) -> str:
+    """The setup cell of a Chinese notebook: tools/setup_cell.txt with Chinese comments, the
+    checkout found from zh/chapters/, and the checkers switched to Chinese."""
+    lines = []
+    for line in english.split("\n"):
+        if line.lstrip().startswith("# ") and line not in SETUP_COMMENTS:
+            raise ValueError(
+                f"translate this comment of tools/setup_cell.txt in SETUP_COMMENTS: {line!r}"
+            )
+        line = SETUP_COMMENTS.get(line, line)
+        for old, new in (SETUP_PATH, SETUP_LANGUAGE):
+            line = new if line == old else line
+        lines.append(line)
+    text = "\n".join(lines)
+    missing = [new for _, new in (SETUP_PATH, SETUP_LANGUAGE) if new not in text]
+    if missing:
+        raise ValueError(
+            f"tools/setup_cell.txt changed: cannot place {missing} (tools/translate.py)"
+        )
+    return text
+
+
+CHECKER_LINE = re.compile(r"^✓ (check_\w+): correct — .*$", re.MULTILINE)
+
+
+def run_checkers() -> dict[str, dict[str, str]]:
+    """What every exercise checker prints for an answer it accepts, in English and in Chinese.
+
+    Run in a fresh interpreter (`translate.py checker-lines`) on the checkout's `mha`, with Triton
+    interpreted, so that the language switch and Triton's mode stay out of the caller's process.
+    """
+    import json
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "MHA_LANG"}
+    env.update(PYTHONPATH=str(REPO), TRITON_INTERPRET="1")
+    result = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "checker-lines"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"running the checkers failed:\n{result.stderr}")
+    return json.loads(result.stdout)
+
+
+def checker_lines_here() -> dict[str, dict[str, str]]:
+    """`translate.py checker-lines`: each checker run on its first declared variant, per language."""
+    import contextlib
+    import io
+
+    import mha.exercises as exercises
+
+    lines: dict[str, dict[str, str]] = {}
+    for exercise in exercises.EXERCISES:
+        lines[exercise.name] = {}
+        for language in ("en", "zh"):
+            exercises.set_language(language)
+            out = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(out):
+                    exercise.check(exercise.accepted_answer())
+            except Exception as err:  # noqa: BLE001 (reported where a notebook needs the line)
+                out.write(f"(could not run: {type(err).__name__}: {err})")
+            # The success line only (a checker may print more before it).
+            printed = out.getvalue().rstrip("\n").split("\n")
+            lines[exercise.name][language] = next(
+                (ln for ln in printed if ln.startswith("✓ ")), "\n".join(printed)
+            )
+    exercises.set_language("en")
+    return lines
+
+
+_CHECKERS: dict[str, dict[str, str]] = {}
+
+
+def chinese_checker_output(text: str, where: str) -> str:
+    """A stored stdout with every checker's success line replaced by what that checker prints in
+    Chinese. The English line must be exactly what the checker prints now in English (else the
+    stored notebook is out of date: make execute), so both lines are one result, two languages."""
+
+    def swap(m: re.Match) -> str:
+        if not _CHECKERS:
+            _CHECKERS.update(run_checkers())
+        lines = _CHECKERS.get(m.group(1))
+        if lines is None or lines["en"] != m.group(0):
+            raise ValueError(
+                f"{where}: the stored line {m.group(0)!r} is not what {m.group(1)} prints now "
+                f"({lines and lines['en']!r}); re-execute the notebook (make execute)"
+            )
+        return lines["zh"]
+
+    return CHECKER_LINE.sub(swap, text)
+
+
+def chinese_code_cell(cell, stem: str, setup: str) -> None:
+    if cell.source.rstrip("\n") == setup.rstrip("\n"):
+        cell.source = chinese_setup_cell(cell.source)
+    for output in cell.get("outputs", []):
+        if output.output_type == "stream" and output.name == "stdout":
+            output.text = chinese_checker_output(output.text, f"{stem}: cell {cell.id}")
+
+
 def chinese_notebook(stem: str, *, listed: bool):
     nb = nbformat.read(REPO / "chapters" / f"{stem}.ipynb", as_version=4)
     # An unlisted chapter is published in English, even where a (draft) translation exists.
     cells = translated(notebook_units(nb), load_translation(stem)) if listed else {}
+    setup = SETUP_CELL.read_text(encoding="utf-8")
+    comments = load_code_comments(stem) if listed else {}
     for cell in nb.cells:
         entry = cells.get(cell.id)
+        if cell.cell_type == "code" and listed:
+            chinese_code_cell(cell, stem, setup)
+            cell.source = with_comments(cell.source, comments.get(cell.id, {}))
         if cell.cell_type == "markdown":
             cell.source = deeper_paths(entry["zh"].rstrip("\n") if entry else cell.source)
         elif entry and figure_text(cell) is not None:
@@ -518,11 +817,23 @@ def chinese_config(config: dict) -> dict:
     zh["exclude_patterns"] = [p for p in config["exclude_patterns"] if p not in outside]
     sphinx = zh["sphinx"]
     sphinx["local_extensions"] = {k: f"../{v}" for k, v in sphinx["local_extensions"].items()}
+    # Chinese search (one-character words indexed, the query split as the index was), zh_CN
+    # interface strings, "Suggest edit" opening the translation file.
+    sphinx["local_extensions"]["sphinx_zh"] = "../tools/"
     conf = sphinx["config"]
     conf["language"] = "zh_CN"
+    # Interface strings that are configuration, not catalogue entries (tools/sphinx_zh.py has those).
+    zh["author"] = AUTHOR
+    conf["togglebutton_hint"] = "点击显示"
+    conf["togglebutton_hint_hide"] = "点击隐藏"
+    # The book hides only code cells' source (tag hide-input): the toggle shows the code.
+    conf["nb_code_prompt_show"] = "显示代码"
+    conf["nb_code_prompt_hide"] = "隐藏代码"
+    conf["html_theme_options"]["search_bar_text"] = "在本书中搜索……"
     conf["html_static_path"] = [f"../{p}" for p in conf["html_static_path"]]
     conf["language_switch"] = {"root": "..", "url": "../", "label": "English", "lang": "en"}
-    # Sphinx's Chinese search splits words with jieba (requirements.txt).
+    # Sphinx's Chinese search splits words with jieba (requirements.txt), as tools/sphinx_zh_search.py
+    # adapts it.
     conf["html_search_language"] = "zh"
     return zh
 
@@ -595,8 +906,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("stale")
     sub.add_parser("check")
     sub.add_parser("build")
+    sub.add_parser("checker-lines", help="(internal) what every checker prints, as JSON")
     args = parser.parse_args(argv)
-    if args.command == "todo":
+    if args.command == "checker-lines":
+        import json
+
+        print(json.dumps(checker_lines_here(), ensure_ascii=False))
+    elif args.command == "todo":
         todo(args.stem)
     elif args.command == "stale":
         names = ["index", *markdown_stems(english_toc()), *toc_stems(english_toc())]

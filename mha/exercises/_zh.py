@@ -47,17 +47,17 @@ MESSAGES: dict[str, str] = {
     "Expected softmax(q @ k.T / sqrt(d_k), dim=-1) @ v, q, k, v = x @ w_q, x @ w_k, x @ w_v.": "应为softmax(q @ k.T / sqrt(d_k), dim=-1) @ v，其中q, k, v = x @ w_q, x @ w_k, x @ w_v。",
     "q, k and v are x @ w_q, x @ w_k and x @ w_v; the scores are q @ k.T.": "q、k和v分别是x @ w_q、x @ w_k和x @ w_v；分数是q @ k.T。",
     "write the head from matmul and softmax, without a ready-made attention.": "只用矩阵乘法和softmax写出这个头，不要调用现成的注意力函数。",
-    "Still the seed's scores @ v: add the 1/sqrt(d_k) scale and the softmax.": "仍是原文的scores @ v：加上1/sqrt(d_k)缩放和softmax。",
+    "Still the seed's scores @ v: add the 1/sqrt(d_k) scale and the softmax.": "仍是博文的scores @ v：加上1/sqrt(d_k)缩放和softmax。",
     "The scale is missing: divide by sqrt(d_k), d_k = w_q.shape[1].": "缺少缩放：除以sqrt(d_k)，d_k = w_q.shape[1]。",
     "The softmax is missing: softmax(scores / sqrt(d_k)).": "缺少softmax：softmax(scores / sqrt(d_k))。",
     "A hard argmax; softmax gives every key a positive weight.": "这是硬argmax；softmax会给每个键一个正的权重。",
     "Wrong axis: normalise each query's row over the keys, dim=-1.": "轴不对：把每个查询的那一行在各个键上归一化，dim=-1。",
     "d_k is the head dimension w_q.shape[1], not the model width E = x.shape[1].": "d_k是头维度w_q.shape[1]，不是模型宽度E = x.shape[1]。",
-    "k = x @ w_k and v = x @ w_v have their own projections (equal in the seed's example).": "k = x @ w_k和v = x @ w_v各有自己的投影（在原文的例子里它们恰好相等）。",
+    "k = x @ w_k and v = x @ w_v have their own projections (equal in the seed's example).": "k = x @ w_k和v = x @ w_v各有自己的投影（在博文的例子里它们恰好相等）。",
     # check_head2_prediction
     "row 1 (吃) ≈ [0, 0.50], rows 0 and 2 = [0, 1/3]": "第1行（吃）≈ [0, 0.50]，第0行和第2行 = [0, 1/3]",
     "That is not head 2. Row i: scores q_i . k_j / sqrt(2), softmax over j, weighted sum of the rows of V2 = X @ W2.": "这不是第2个头。第i行：分数q_i . k_j / sqrt(2)，对j做softmax，再对V2 = X @ W2的各行加权求和。",
-    "The seed's scores @ V2: add scale and softmax (equal scores then get 1/3 each).": "原文的scores @ V2：加上缩放和softmax（相等的分数于是各得1/3）。",
+    "The seed's scores @ V2: add scale and softmax (equal scores then get 1/3 each).": "博文的scores @ V2：加上缩放和softmax（相等的分数于是各得1/3）。",
     "Divide the scores by sqrt(2) before the softmax: e^0.71 / (e^0.71 + 2) = 0.50.": "在softmax之前把分数除以sqrt(2)：e^0.71 / (e^0.71 + 2) = 0.50。",
     "猫 and 鱼 see three equal scores (0): weights 1/3 each, output the mean of V2's rows.": "猫和鱼看到三个相等的分数（0）：权重各为1/3，输出是V2各行的平均。",
     "That is head 1; W2 = diag(0, 1).": "这是第1个头；W2 = diag(0, 1)。",
@@ -117,8 +117,8 @@ MESSAGES: dict[str, str] = {
     "head h holds features h·D..(h+1)·D-1 of every token": "第h个头持有每个token的特征h·D..(h+1)·D-1",
     "Head h of token i must be x[b, i, h·D:(h+1)·D].": "token i的第h个头必须是x[b, i, h·D:(h+1)·D]。",
     "x.view(B, L, H, D).transpose(1, 2) works for any B and L.": "x.view(B, L, H, D).transpose(1, 2)对任意B和L都适用。",
-    "A view without a transpose (the post's view(B·H, -1, D)) makes 'head 0' out of chunks of the first tokens, since memory holds x token by token: use x.view(B, L, H, D).transpose(1, 2).": "没有transpose的view（原文的view(B·H, -1, D)）会用前几个token的片段拼成“第0个头”，因为内存中的x是一个token接一个token存放的：请用x.view(B, L, H, D).transpose(1, 2)。",
-    "The post's (B·H, L, D) layout, and more than a shape problem. A view without a transpose (the post's view(B·H, -1, D)) makes 'head 0' out of chunks of the first tokens, since memory holds x token by token: use x.view(B, L, H, D).transpose(1, 2).": "这是原文的(B·H, L, D)布局，问题不只是形状。没有transpose的view（原文的view(B·H, -1, D)）会用前几个token的片段拼成“第0个头”，因为内存中的x是一个token接一个token存放的：请用x.view(B, L, H, D).transpose(1, 2)。",
+    "A view without a transpose (the post's view(B·H, -1, D)) makes 'head 0' out of chunks of the first tokens, since memory holds x token by token: use x.view(B, L, H, D).transpose(1, 2).": "没有transpose的view（博文的view(B·H, -1, D)）会用前几个token的片段拼成“第0个头”，因为内存中的x是一个token接一个token存放的：请用x.view(B, L, H, D).transpose(1, 2)。",
+    "The post's (B·H, L, D) layout, and more than a shape problem. A view without a transpose (the post's view(B·H, -1, D)) makes 'head 0' out of chunks of the first tokens, since memory holds x token by token: use x.view(B, L, H, D).transpose(1, 2).": "这是博文的(B·H, L, D)布局，问题不只是形状。没有transpose的view（博文的view(B·H, -1, D)）会用前几个token的片段拼成“第0个头”，因为内存中的x是一个token接一个token存放的：请用x.view(B, L, H, D).transpose(1, 2)。",
     "Move the heads in front of the tokens with .transpose(1, 2): (B, H, L, D).": "用.transpose(1, 2)把头移到token前面：(B, H, L, D)。",
     "Head h owns the contiguous features h·D..(h+1)·D-1 (as in nn.MultiheadAttention and every checkpoint), not every H-th one: view(B, L, H, D), not view(B, L, D, H).": "第h个头拥有连续的特征h·D..(h+1)·D-1（与nn.MultiheadAttention和所有检查点一致），而不是每隔H个取一个：用view(B, L, H, D)，而不是view(B, L, D, H)。",
     # check_merge_heads
@@ -134,7 +134,7 @@ MESSAGES: dict[str, str] = {
     "Check each step: project, split (view(B, N, H, D).transpose(1, 2)), softmax(q @ kᵀ / √D) over the keys, weights @ v, merge (transpose(1, 2).reshape(B, L, E)), out_proj.": "逐步检查：投影，拆分（view(B, N, H, D).transpose(1, 2)），对键做softmax(q @ kᵀ / √D)，weights @ v，合并（transpose(1, 2).reshape(B, L, E)），out_proj。",
     "Name the shapes at every step: (B, L, E) -> (B, H, L, D) -> (B, H, L, S) -> (B, H, L, D) -> (B, L, E).": "写出每一步的形状：(B, L, E) -> (B, H, L, D) -> (B, H, L, S) -> (B, H, L, D) -> (B, L, E)。",
     "write it yourself, without nn.MultiheadAttention or mha.MultiHeadAttention.": "自己实现，不要使用nn.MultiheadAttention或mha.MultiHeadAttention。",
-    "Split and merge, as the post's second implementation does: A view without a transpose (the post's view(B·H, -1, D)) makes 'head 0' out of chunks of the first tokens, since memory holds x token by token: use x.view(B, L, H, D).transpose(1, 2).": "拆分和合并都错了，正如原文的第二个实现：没有transpose的view（原文的view(B·H, -1, D)）会用前几个token的片段拼成“第0个头”，因为内存中的x是一个token接一个token存放的：请用x.view(B, L, H, D).transpose(1, 2)。",
+    "Split and merge, as the post's second implementation does: A view without a transpose (the post's view(B·H, -1, D)) makes 'head 0' out of chunks of the first tokens, since memory holds x token by token: use x.view(B, L, H, D).transpose(1, 2).": "拆分和合并都错了，正如博文的第二个实现：没有transpose的view（博文的view(B·H, -1, D)）会用前几个token的片段拼成“第0个头”，因为内存中的x是一个token接一个token存放的：请用x.view(B, L, H, D).transpose(1, 2)。",
     "The split is right, the merge is not. A reshape of (B, H, L, D) without a transpose makes row i a chunk of head 0's rows: use .transpose(1, 2).reshape(B, L, H·D).": "拆分是对的，合并不对。不先transpose就对(B, H, L, D)做reshape，会让第i行成为第0个头各行的一个片段：请用.transpose(1, 2).reshape(B, L, H·D)。",
     "Scale the scores q @ kᵀ by 1/√D, D = E // num_heads, before the softmax.": "在softmax之前把分数q @ kᵀ乘以1/√D，D = E // num_heads。",
     "Scale by 1/√D, D = E // num_heads the head dim, not by 1/√E.": "缩放因子是1/√D，D = E // num_heads是头维度，而不是1/√E。",
@@ -142,7 +142,7 @@ MESSAGES: dict[str, str] = {
     "Softmax over the keys (dim=-1), so that every query's weights sum to 1.": "沿键的方向（dim=-1）做softmax，这样每个查询的权重之和为1。",
     "These are the per-head outputs (B, H, L, D): merge, then out_proj.": "这些是每个头各自的输出(B, H, L, D)：先合并，再out_proj。",
     # check_seed_mha_fix
-    "the post's class now matches torch.nn.MultiheadAttention": "原文的类现在与torch.nn.MultiheadAttention一致",
+    "the post's class now matches torch.nn.MultiheadAttention": "博文的类现在与torch.nn.MultiheadAttention一致",
     "Split with view(B, N, H, D).transpose(1, 2), merge with transpose(1, 2).reshape.": "用view(B, N, H, D).transpose(1, 2)拆分，用transpose(1, 2).reshape合并。",
     # check_mha_shape_predictions
     "all 7 predictions match the running module": "全部7个预测都与实际运行的模块一致",
@@ -153,8 +153,8 @@ MESSAGES: dict[str, str] = {
     "count the four projections' weights and biases: out_features·(in_features + 1) each.": "数一数四个投影的权重和偏置：每个都是out_features·(in_features + 1)。",
     "nn.Linear's weight is (out, in) features.": "nn.Linear的weight是(out, in)个特征。",
     # messages made from values (templates)
-    "{cls}(12, {H}) raised {kind}: {err}. Keep the constructor of the post: (d_model, num_heads).": "{cls}(12, {H})抛出了{kind}: {err}。请保留原文的构造函数：(d_model, num_heads)。",
-    "The module needs the post's layer {name} = nn.Linear(d_model, d_model) (with bias); fix the bug in forward and keep the layers as they are.": "这个模块需要原文的层{name} = nn.Linear(d_model, d_model)（带偏置）；修复forward中的错误，保持各层不变。",
+    "{cls}(12, {H}) raised {kind}: {err}. Keep the constructor of the post: (d_model, num_heads).": "{cls}(12, {H})抛出了{kind}: {err}。请保留博文的构造函数：(d_model, num_heads)。",
+    "The module needs the post's layer {name} = nn.Linear(d_model, d_model) (with bias); fix the bug in forward and keep the layers as they are.": "这个模块需要博文的层{name} = nn.Linear(d_model, d_model)（带偏置）；修复forward中的错误，保持各层不变。",
     "Replace the ... in predictions[{name!r}] by your prediction.": "把predictions[{name!r}]中的...换成你的预测。",
     # --- Chapter 4 ---------------------------------------------------------------------------------
     # check_padding_mask
@@ -164,8 +164,8 @@ MESSAGES: dict[str, str] = {
     "One too many token kept: a sequence of length n keeps positions j < n.": "多保留了一个token：长度为n的序列保留位置j < n。",
     "One too few token kept: a sequence of length n keeps positions j < n.": "少保留了一个token：长度为n的序列保留位置j < n。",
     "Against (B, H, L, S) scores a (B, S) mask is read as (L, S): return (B, 1, 1, S).": "对于(B, H, L, S)的分数，(B, S)的掩码会被当作(L, S)：请返回(B, 1, 1, S)。",
-    "That shape masks queries (rows); padding hides *keys*: (B, 1, 1, S).": "这个形状掩盖的是查询（行）；填充隐藏的是*键*：(B, 1, 1, S)。",
-    "Return a bool tensor: a 1/0 float mask is *added* to the scores and masks nothing.": "请返回bool张量：1/0的浮点掩码会被*加*到分数上，什么也掩盖不了。",
+    "That shape masks queries (rows); padding hides *keys*: (B, 1, 1, S).": "这个形状掩码的是查询（行）；填充隐藏的是*键*：(B, 1, 1, S)。",
+    "Return a bool tensor: a 1/0 float mask is *added* to the scores and masks nothing.": "请返回bool张量：1/0的浮点掩码会被*加*到分数上，起不到任何掩码作用。",
     "build the mask yourself, without mha.padding_mask.": "请自己构造这个掩码，不要调用mha.padding_mask。",
     # check_causal_mask
     "(L, S) bool, True on and below the diagonal": "(L, S)的bool掩码，对角线及其下方为True",
@@ -184,7 +184,7 @@ MESSAGES: dict[str, str] = {
     "The mask is causal too: query i sees no key after i.": "掩码也是因果的：查询i看不到i之后的键。",
     # check_masked_attention
     "float32/float16/bfloat16, empty rows give zeros forward and backward": "float32/float16/bfloat16，空行在前向传播和反向传播中都得到零",
-    "Expected softmax(q @ kᵀ / sqrt(D), masked where keep is False) @ v.": "应为softmax(q @ kᵀ / sqrt(D)，在keep为False处掩盖) @ v。",
+    "Expected softmax(q @ kᵀ / sqrt(D), masked where keep is False) @ v.": "应为softmax(q @ kᵀ / sqrt(D)，在keep为False处被掩码) @ v。",
     "The gradient is wrong: mask with torch operations.": "梯度不对：用torch运算来做掩码。",
     "write the masked softmax yourself, without a ready-made attention.": "自己写出带掩码的softmax，不要调用现成的注意力函数。",
     "Take D from the inputs, q.shape[-1]: a fixed head dimension is right for one size only.": "从输入中取D，即q.shape[-1]：固定的头维度只对一种大小成立。",
