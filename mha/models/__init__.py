@@ -1,0 +1,62 @@
+"""Attention layers of 2026's open models, built from a Hugging Face module's config and weights.
+
+:func:`from_hf` reads the config (``config.to_dict()``) and the attention module's own
+``state_dict`` and returns our module, built from the course's pieces (``mha.rope``,
+``mha.scaled_dot_product_attention`` with its ``sinks``, ``mha.norms``, the masks); the tests
+check that it gives Hugging Face's output. One module per family:
+
+* ``gpt_oss`` (:mod:`mha.models.gpt_oss`) — learned sinks, sliding/full layers, YaRN RoPE;
+* ``qwen3_next`` (:mod:`mha.models.qwen3_next`) — the full-attention layer: output gate, QK-norm,
+  partial RoPE.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from .. import validation as validate
+
+# family -> the module that builds it (imported when first asked for).
+FAMILIES = {
+    "gpt_oss": ".gpt_oss",
+    "qwen3_next": ".qwen3_next",
+}
+
+
+def from_hf(
+    family: str, config: Mapping[str, Any], state_dict: Mapping[str, Any], *, layer_idx: int = 0
+) -> nn.Module:
+    """Our attention module for layer ``layer_idx`` of a Hugging Face model.
+
+    Args:
+        family: ``"gpt_oss"`` or ``"qwen3_next"`` (see ``FAMILIES``).
+        config: the HF config as a dict (``config.to_dict()``).
+        state_dict: the HF attention module's own ``state_dict`` (its keys, e.g.
+            ``"q_proj.weight"``, ``"sinks"``); tensors or numpy arrays.
+        layer_idx: which layer (it decides e.g. gpt-oss's sliding window).
+
+    Returns:
+        A module called as ``module(x, positions=None)``: causal self-attention over ``x``
+        ``(B, L, E)`` -> ``(B, L, E)``; ``positions`` ``(L,)`` or ``(B, L)`` (default ``0 … L-1``)
+        feed RoPE only.
+
+    Raises:
+        ValueError: an unknown family, a config without a key the family needs, a state_dict with
+            a missing, unexpected or mis-shaped weight, or a layer_idx the config does not have.
+    """
+    if not isinstance(family, str) or family not in FAMILIES:
+        raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {family!r}")
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config must be a dict (config.to_dict()), got {type(config).__name__}")
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"state_dict must be a mapping of weights, got {type(state_dict).__name__}")
+    validate.non_negative_int("layer_idx", layer_idx)
+    module = importlib.import_module(FAMILIES[family], __name__)
+    return module.from_hf(config, state_dict, layer_idx=layer_idx)
+
+
+__all__ = ["FAMILIES", "from_hf"]

@@ -1,0 +1,105 @@
+"""gpt-oss's attention (mha.from_hf) against Hugging Face's own module, through stored fixtures.
+
+The fixtures come from ``tools/hf_fixtures.py`` (run in an environment with transformers); these
+tests need only numpy and torch.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import mha
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+
+
+def load(name):
+    data = np.load(FIXTURES / f"{name}.npz")
+    state = {k.split("/", 1)[1]: torch.from_numpy(data[k]) for k in data.files if "/" in k}
+    arrays = {k: torch.from_numpy(data[k]) for k in ("x", "positions", "out")}
+    return json.loads(str(data["config"])), state, int(data["layer_idx"]), arrays
+
+
+@pytest.mark.parametrize("case", ["sliding", "full"])
+def test_equals_hugging_face(case):
+    config, state, layer_idx, a = load(f"gpt_oss_{case}")
+    assert config["layer_types"][layer_idx] == f"{case}_attention"
+    module = mha.from_hf("gpt_oss", config, state, layer_idx=layer_idx)
+    with torch.no_grad():
+        out = module(a["x"], a["positions"])
+    torch.testing.assert_close(out, a["out"])
+    # the second sequence starts at position 5000: YaRN's speeds matter there
+    assert int(a["positions"][1, 0]) == 5000
+
+
+def test_window_and_default_positions():
+    config, state, _, a = load("gpt_oss_sliding")
+    sliding = mha.from_hf("gpt_oss", config, state, layer_idx=0)
+    full = mha.from_hf("gpt_oss", config, state, layer_idx=1)
+    assert sliding.window == config["sliding_window"] and full.window is None
+    x = a["x"][:1]
+    with torch.no_grad():
+        # positions (L,) and the default 0 … L-1 give HF's output for the first sequence
+        torch.testing.assert_close(sliding(x), a["out"][:1])
+        torch.testing.assert_close(sliding(x, torch.arange(x.shape[1])), a["out"][:1])
+        # within the first W tokens a sliding layer and a full one with the same weights agree
+        W = config["sliding_window"]
+        torch.testing.assert_close(sliding(x)[:, :W], full(x)[:, :W])
+        assert not torch.allclose(sliding(x)[:, W:], full(x)[:, W:])
+
+
+def test_sinks_take_mass_and_give_no_value():
+    config, state, _, a = load("gpt_oss_full")
+    state = dict(state)
+    state["sinks"] = torch.full_like(state["sinks"], -torch.inf)  # a sink nobody attends to
+    module = mha.from_hf("gpt_oss", config, state, layer_idx=1)
+    x = a["x"][:1]
+    B, L, _ = x.shape
+    with torch.no_grad():
+        # without its sink the layer is torch's causal GQA attention on the rotated q and k
+        q = module._rope(module.q_proj(x).view(B, L, 4, 16).transpose(1, 2), None)
+        k = module._rope(module.k_proj(x).view(B, L, 2, 16).transpose(1, 2), None)
+        v = module.v_proj(x).view(B, L, 2, 16).transpose(1, 2)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=True
+        )
+        ref = module.o_proj(ref.transpose(1, 2).reshape(B, L, 64))
+        torch.testing.assert_close(module(x), ref)
+        module.sinks.fill_(1e4)  # a sink that takes all the mass: only o_proj's bias is left
+        torch.testing.assert_close(module(x), module.o_proj.bias.expand_as(ref), atol=1e-6, rtol=0)
+
+
+def test_bad_family_config_and_weights():
+    config, state, _, a = load("gpt_oss_sliding")
+    with pytest.raises(ValueError, match="family must be one of"):
+        mha.from_hf("gpt-oss", config, state)
+    with pytest.raises(ValueError, match=r"missing keys \['sinks'\]"):
+        mha.from_hf("gpt_oss", config, {k: v for k, v in state.items() if k != "sinks"})
+    with pytest.raises(ValueError, match=r"unexpected keys \['q_norm.weight'\]"):
+        mha.from_hf("gpt_oss", config, {**state, "q_norm.weight": torch.ones(16)})
+    small = {**config, "num_attention_heads": 2}
+    with pytest.raises(
+        ValueError, match=r"state_dict\['sinks'\] has shape \(4,\), the config implies \(2,\)"
+    ):
+        mha.from_hf("gpt_oss", small, state)
+    with pytest.raises(ValueError, match=r"config is missing \['sliding_window'\]"):
+        mha.from_hf("gpt_oss", {**config, "sliding_window": None}, state)
+    with pytest.raises(ValueError, match=r"config is missing \['num_key_value_heads'\]"):
+        mha.from_hf(
+            "gpt_oss", {k: v for k, v in config.items() if k != "num_key_value_heads"}, state
+        )
+    with pytest.raises(ValueError, match=r"layer_idx must be < 2"):
+        mha.from_hf("gpt_oss", config, state, layer_idx=2)
+    yarn = {**config["rope_parameters"], "original_max_position_embeddings": None}
+    with pytest.raises(ValueError, match="original_max_position_embeddings"):
+        mha.from_hf("gpt_oss", {**config, "rope_parameters": yarn}, state)
+    with pytest.raises(TypeError, match="config must be a dict"):
+        mha.from_hf("gpt_oss", json.dumps(config), state)
+    module = mha.from_hf("gpt_oss", config, state)
+    with pytest.raises(ValueError, match=r"x must have E = hidden_size = 48, got x \(2, 11, 40\)"):
+        module(a["x"][..., :40])
+    with pytest.raises(ValueError, match=r"positions must have shape \(L,\) = \(11,\)"):
+        module(a["x"], torch.arange(10))

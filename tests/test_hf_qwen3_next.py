@@ -1,0 +1,62 @@
+"""Qwen3-Next's full-attention layer (mha.from_hf) against Hugging Face's module, via fixtures."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import mha
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+
+
+def load(name):
+    data = np.load(FIXTURES / f"{name}.npz")
+    state = {k.split("/", 1)[1]: torch.from_numpy(data[k]) for k in data.files if "/" in k}
+    arrays = {k: torch.from_numpy(data[k]) for k in ("x", "positions", "out")}
+    return json.loads(str(data["config"])), state, int(data["layer_idx"]), arrays
+
+
+@pytest.mark.parametrize("case", ["full", "full_bias"])
+def test_equals_hugging_face(case):
+    config, state, layer_idx, a = load(f"qwen3_next_{case}")
+    module = mha.from_hf("qwen3_next", config, state, layer_idx=layer_idx)
+    assert module.rotary_dim == config["head_dim"] // 4  # partial RoPE: a quarter of each head
+    with torch.no_grad():
+        torch.testing.assert_close(module(a["x"], a["positions"]), a["out"])
+
+
+def test_gate_closed_gives_only_the_bias():
+    config, state, layer_idx, a = load("qwen3_next_full_bias")
+    module = mha.from_hf("qwen3_next", config, state, layer_idx=layer_idx)
+    H, D = config["num_attention_heads"], config["head_dim"]
+    with torch.no_grad():
+        # q_proj's rows hold, per head, D query rows then D gate rows: shut every gate
+        rows = module.q_proj.bias.view(H, 2, D)  # (H, 2, D)
+        rows[:, 1] = -1e4
+        out = module(a["x"])
+    torch.testing.assert_close(out, module.o_proj.bias.expand_as(out), atol=1e-6, rtol=0)
+
+
+def test_bad_layer_and_weights():
+    config, state, layer_idx, _ = load("qwen3_next_full")
+    with pytest.raises(ValueError, match="layer_types\\[0\\] is 'linear_attention'"):
+        mha.from_hf("qwen3_next", config, state, layer_idx=0)
+    with pytest.raises(ValueError, match=r"missing keys \['k_norm.weight'\]"):
+        mha.from_hf(
+            "qwen3_next",
+            config,
+            {k: v for k, v in state.items() if k != "k_norm.weight"},
+            layer_idx=layer_idx,
+        )
+    with pytest.raises(
+        ValueError,
+        match=r"state_dict\['q_proj.weight'\] has shape \(128, 48\), the config implies \(64, 48\)",
+    ):
+        mha.from_hf("qwen3_next", {**config, "head_dim": 8}, state, layer_idx=layer_idx)
+    with pytest.raises(ValueError, match=r"config is missing \['rope_theta'\]"):
+        mha.from_hf("qwen3_next", {**config, "rope_parameters": {}}, state, layer_idx=layer_idx)
+    with pytest.raises(ValueError, match="layer_idx must be zero or positive"):
+        mha.from_hf("qwen3_next", config, state, layer_idx=-1)

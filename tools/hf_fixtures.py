@@ -1,0 +1,173 @@
+"""Build the small fixtures that test ``mha.from_hf`` against Hugging Face's own attention code.
+
+Run it in a throwaway environment that has ``transformers`` (the course's environment does not)::
+
+    /tmp/hfenv/bin/python tools/hf_fixtures.py            # every family
+    /tmp/hfenv/bin/python tools/hf_fixtures.py gpt_oss    # some of them
+
+For each family a tiny random configuration is built, HF's attention module for one layer is
+instantiated (eager attention), its weights are drawn from a seeded generator, and it runs on fixed
+inputs. Each case is saved as ``tests/fixtures/hf/<family>_<case>.npz`` holding:
+
+* ``config``: the HF config as a JSON string (``config.to_dict()``), ``layer_idx``;
+* ``state_dict/<key>``: the module's own ``state_dict``, under its own keys;
+* ``x`` (B, L, E), ``positions`` (B, L) and ``out`` (B, L, E), HF's output;
+* ``transformers_version``.
+
+The tests (``tests/test_hf_<family>.py``) read only these files, with numpy and torch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+
+OUT_DIR = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "hf"
+
+
+def _fill(module: torch.nn.Module, seed: int, std: float = 0.3) -> None:
+    """Draw every parameter of ``module`` from a seeded normal (HF leaves some uninitialised)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted(module.named_parameters()):
+            p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+
+def _causal_float_mask(L: int, window: int | None) -> torch.Tensor:
+    """HF's eager mask for one sequence: 0 where key j may be seen by query i, else finfo.min.
+
+    Causal: j <= i; HF's sliding-window overlay adds j > i - window.
+    """
+    i = torch.arange(L)[:, None]
+    j = torch.arange(L)[None, :]
+    keep = j <= i
+    if window is not None:
+        keep &= j > i - window
+    mask = torch.zeros(L, L)
+    mask[~keep] = torch.finfo(torch.float32).min
+    return mask[None, None]  # (1, 1, L, L)
+
+
+def _save(family: str, case: str, config, layer_idx: int, module, x, positions, out) -> None:
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    arrays = {
+        "config": np.array(json.dumps(config.to_dict(), default=str, sort_keys=True)),
+        "layer_idx": np.array(layer_idx),
+        "x": x.numpy(),
+        "positions": positions.numpy(),
+        "out": out.detach().numpy(),
+        "transformers_version": np.array(transformers.__version__),
+    }
+    for key, value in module.state_dict().items():
+        arrays[f"state_dict/{key}"] = value.detach().numpy()
+    path = OUT_DIR / f"{family}_{case}.npz"
+    np.savez_compressed(path, **arrays)
+    print(f"{path.relative_to(OUT_DIR.parent.parent.parent)}: {path.stat().st_size} bytes")
+
+
+def _inputs(seed: int, B: int, L: int, E: int, offsets: list[int]) -> tuple:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, L, E, generator=gen)
+    positions = torch.stack([torch.arange(L) + o for o in offsets])  # (B, L)
+    return x, positions
+
+
+# --- gpt-oss: learned sinks, sliding/full alternation, YaRN -------------------------------------
+
+
+def make_gpt_oss() -> None:
+    from transformers.models.gpt_oss import modeling_gpt_oss as m
+
+    config = m.GptOssConfig(
+        hidden_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_hidden_layers=2,  # layer_types: sliding, full (gpt-oss's alternation)
+        sliding_window=4,
+        max_position_embeddings=131072,
+        rope_parameters={  # gpt-oss's own YaRN settings, on a smaller head
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 4096,
+        },
+        attention_bias=True,
+    )
+    config._attn_implementation = "eager"
+    rotary = m.GptOssRotaryEmbedding(config)
+    B, L = 2, 11
+    for layer_idx, case in [(0, "sliding"), (1, "full")]:
+        assert config.layer_types[layer_idx] == f"{case}_attention"
+        attn = m.GptOssAttention(config, layer_idx).eval()
+        _fill(attn, seed=10 + layer_idx)
+        with torch.no_grad():
+            attn.sinks.mul_(4.0)  # sinks of a few units, as trained ones are
+        x, positions = _inputs(20 + layer_idx, B, L, config.hidden_size, [0, 5000])
+        window = config.sliding_window if case == "sliding" else None
+        with torch.no_grad():
+            cos_sin = rotary(x, positions)
+            out, _ = attn(x, cos_sin, _causal_float_mask(L, window))
+        _save("gpt_oss", case, config, layer_idx, attn, x, positions, out)
+
+
+# --- Qwen3-Next: the full-attention layer (output gate, QK-norm, partial RoPE) ------------------
+
+
+def make_qwen3_next() -> None:
+    from transformers.models.qwen3_next import modeling_qwen3_next as m
+
+    for case, bias in [("full", False), ("full_bias", True)]:
+        config = m.Qwen3NextConfig(
+            hidden_size=48,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_hidden_layers=4,  # three Gated DeltaNet layers, then one full-attention layer
+            layer_types=["linear_attention"] * 3 + ["full_attention"],
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.25,
+            },
+            attention_bias=bias,
+        )
+        config._attn_implementation = "eager"
+        rotary = m.Qwen3NextRotaryEmbedding(config)
+        layer_idx = 3
+        attn = m.Qwen3NextAttention(config, layer_idx).eval()
+        _fill(attn, seed=30 + bias)
+        B, L = 2, 9
+        x, positions = _inputs(40 + bias, B, L, config.hidden_size, [0, 37])
+        with torch.no_grad():
+            cos_sin = rotary(x, positions)
+            out, _ = attn(x, cos_sin, _causal_float_mask(L, None))
+        _save("qwen3_next", case, config, layer_idx, attn, x, positions, out)
+
+
+FAMILIES = {
+    "gpt_oss": make_gpt_oss,
+    "qwen3_next": make_qwen3_next,
+}
+
+
+def main(argv: list[str]) -> None:
+    names = argv or list(FAMILIES)
+    unknown = [n for n in names if n not in FAMILIES]
+    if unknown:
+        raise SystemExit(f"unknown families {unknown}; known: {sorted(FAMILIES)}")
+    torch.manual_seed(0)
+    for name in names:
+        FAMILIES[name]()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
