@@ -5,22 +5,18 @@ tests need only numpy and torch.
 """
 
 import json
-from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 import mha
-
-FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+from mha.models import load_fixture
 
 
 def load(name):
-    data = np.load(FIXTURES / f"{name}.npz")
-    state = {k.split("/", 1)[1]: torch.from_numpy(data[k]) for k in data.files if "/" in k}
-    arrays = {k: torch.from_numpy(data[k]) for k in ("x", "positions", "out")}
-    return json.loads(str(data["config"])), state, int(data["layer_idx"]), arrays
+    f = load_fixture(name)
+    arrays = {"x": f.x, "positions": f.positions, "out": f.out}
+    return f.config, f.state_dict, f.layer_idx, arrays
 
 
 @pytest.mark.parametrize("case", ["sliding", "full"])
@@ -103,3 +99,8 @@ def test_bad_family_config_and_weights():
         module(a["x"][..., :40])
     with pytest.raises(ValueError, match=r"positions must have shape \(L,\) = \(11,\)"):
         module(a["x"], torch.arange(10))
+
+
+def test_unknown_fixture():
+    with pytest.raises(ValueError, match=r"no fixture named 'gpt_oss_window'; there are \["):
+        load_fixture("gpt_oss_window")

@@ -1,22 +1,16 @@
 """Qwen3-Next's full-attention layer (mha.from_hf) against Hugging Face's module, via fixtures."""
 
-import json
-from pathlib import Path
-
-import numpy as np
 import pytest
 import torch
 
 import mha
-
-FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+from mha.models import load_fixture
 
 
 def load(name):
-    data = np.load(FIXTURES / f"{name}.npz")
-    state = {k.split("/", 1)[1]: torch.from_numpy(data[k]) for k in data.files if "/" in k}
-    arrays = {k: torch.from_numpy(data[k]) for k in ("x", "positions", "out")}
-    return json.loads(str(data["config"])), state, int(data["layer_idx"]), arrays
+    f = load_fixture(name)
+    arrays = {"x": f.x, "positions": f.positions, "out": f.out}
+    return f.config, f.state_dict, f.layer_idx, arrays
 
 
 @pytest.mark.parametrize("case", ["full", "full_bias"])

@@ -7,14 +7,16 @@ Run it in a throwaway environment that has ``transformers`` (the course's enviro
 
 For each family a tiny random configuration is built, HF's attention module for one layer is
 instantiated (eager attention), its weights are drawn from a seeded generator, and it runs on fixed
-inputs. Each case is saved as ``tests/fixtures/hf/<family>_<case>.npz`` holding:
+inputs. Each case is saved as ``mha/models/fixtures/<family>_<case>.npz`` (package data, so that a
+chapter on Colab, where ``mha`` is installed with pip, can load it too) holding:
 
 * ``config``: the HF config as a JSON string (``config.to_dict()``), ``layer_idx``;
 * ``state_dict/<key>``: the module's own ``state_dict``, under its own keys;
 * ``x`` (B, L, E), ``positions`` (B, L) and ``out`` (B, L, E), HF's output;
 * ``transformers_version``.
 
-The tests (``tests/test_hf_<family>.py``) read only these files, with numpy and torch.
+The tests (``tests/test_hf_<family>.py``) and the chapters read them with
+``mha.models.load_fixture`` (numpy and torch only).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import numpy as np
 import torch
 import transformers
 
-OUT_DIR = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "hf"
+OUT_DIR = Path(__file__).resolve().parent.parent / "mha" / "models" / "fixtures"
 
 
 def _fill(module: torch.nn.Module, seed: int, std: float = 0.3) -> None:

@@ -13,10 +13,13 @@ check that it gives Hugging Face's output. One module per family:
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from .. import validation as validate
 
@@ -59,4 +62,40 @@ def from_hf(
     return module.from_hf(config, state_dict, layer_idx=layer_idx)
 
 
-__all__ = ["FAMILIES", "from_hf"]
+class Fixture(NamedTuple):
+    """One case stored by ``tools/hf_fixtures.py``: HF's module run on fixed inputs."""
+
+    config: dict[str, Any]  # the HF config, config.to_dict()
+    state_dict: dict[str, Tensor]  # the HF attention module's own weights, its own keys
+    layer_idx: int
+    x: Tensor  # (B, L, E) the input
+    positions: Tensor  # (B, L) the positions given to RoPE
+    out: Tensor  # (B, L, E) HF's output (eager attention, float32)
+    transformers_version: str
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def load_fixture(name: str) -> Fixture:
+    """Load ``mha/models/fixtures/<name>.npz`` (e.g. ``"gpt_oss_sliding"``), as tensors."""
+    path = FIXTURES / f"{name}.npz"
+    if not path.is_file():
+        known = sorted(p.stem for p in FIXTURES.glob("*.npz"))
+        raise ValueError(f"no fixture named {name!r}; there are {known}")
+    import numpy as np  # here: `import mha` does not need numpy
+
+    with np.load(path) as data:
+        state = {k.split("/", 1)[1]: torch.from_numpy(data[k]) for k in data.files if "/" in k}
+        return Fixture(
+            config=json.loads(str(data["config"])),
+            state_dict=state,
+            layer_idx=int(data["layer_idx"]),
+            x=torch.from_numpy(data["x"]),
+            positions=torch.from_numpy(data["positions"]),
+            out=torch.from_numpy(data["out"]),
+            transformers_version=str(data["transformers_version"]),
+        )
+
+
+__all__ = ["FAMILIES", "Fixture", "from_hf", "load_fixture"]
