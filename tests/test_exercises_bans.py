@@ -187,6 +187,14 @@ EVASIONS = [
     ),
     ("check_rope", "mha.apply_rope passed itself", apply_rope, "without mha.apply_rope"),
     (
+        "check_yarn_frequencies",
+        "mha.rope.yarn_frequencies with its tuple unpacked",
+        lambda D, base, factor, L0: rope.yarn_frequencies(
+            D, base=base, factor=factor, original_max_position_embeddings=L0, truncate=False
+        )[0],
+        "without mha.yarn_frequencies",
+    ),
+    (
         "check_rope",
         "mha.rope.apply_rope",
         lambda x, positions: rope.apply_rope(x, positions),
