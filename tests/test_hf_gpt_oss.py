@@ -104,3 +104,25 @@ def test_bad_family_config_and_weights():
 def test_unknown_fixture():
     with pytest.raises(ValueError, match=r"no fixture named 'gpt_oss_window'; there are \["):
         load_fixture("gpt_oss_window")
+
+
+@pytest.mark.parametrize("case", ["sliding", "full"])
+def test_cached_decoding_equals_hugging_face_with_its_cache(case):
+    f = load_fixture(f"gpt_oss_{case}")
+    module = mha.from_hf("gpt_oss", f.config, f.state_dict, layer_idx=f.layer_idx)
+    cache, n = mha.KVCache(), f.prefill
+    with torch.no_grad():
+        outs = [module(f.x[:, :n], f.positions[:, :n], kv_cache=cache)]
+        for t in range(n, f.x.shape[1]):
+            outs.append(module(f.x[:, t : t + 1], f.positions[:, t : t + 1], kv_cache=cache))
+    torch.testing.assert_close(torch.cat(outs, dim=1), f.out_cached)
+    assert len(cache) == f.x.shape[1]
+    # positions left out continue after the cached tokens (the first sequence starts at 0)
+    cache = mha.KVCache()
+    with torch.no_grad():
+        outs = [module(f.x[:1, :n], kv_cache=cache)]
+        outs += [module(f.x[:1, t : t + 1], kv_cache=cache) for t in range(n, f.x.shape[1])]
+    # against HF's full pass: a step sums its scores in another order (outputs reach ~14)
+    torch.testing.assert_close(torch.cat(outs, dim=1), f.out[:1], atol=1e-4, rtol=1e-4)
+    with pytest.raises(TypeError, match="kv_cache must be a cache such as mha.KVCache"):
+        module(f.x, kv_cache=[])

@@ -54,3 +54,14 @@ def test_bad_layer_and_weights():
         mha.from_hf("qwen3_next", {**config, "rope_parameters": {}}, state, layer_idx=layer_idx)
     with pytest.raises(ValueError, match="layer_idx must be zero or positive"):
         mha.from_hf("qwen3_next", config, state, layer_idx=-1)
+
+
+def test_cached_decoding_equals_hugging_face_with_its_cache():
+    f = load_fixture("qwen3_next_full")
+    module = mha.from_hf("qwen3_next", f.config, f.state_dict, layer_idx=f.layer_idx)
+    cache, n = mha.KVCache(), f.prefill
+    with torch.no_grad():
+        outs = [module(f.x[:, :n], f.positions[:, :n], kv_cache=cache)]
+        for t in range(n, f.x.shape[1]):
+            outs.append(module(f.x[:, t : t + 1], f.positions[:, t : t + 1], kv_cache=cache))
+    torch.testing.assert_close(torch.cat(outs, dim=1), f.out_cached)

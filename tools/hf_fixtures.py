@@ -13,6 +13,9 @@ chapter on Colab, where ``mha`` is installed with pip, can load it too) holding:
 * ``config``: the HF config as a JSON string (``config.to_dict()``), ``layer_idx``;
 * ``state_dict/<key>``: the module's own ``state_dict``, under its own keys;
 * ``x`` (B, L, E), ``positions`` (B, L) and ``out`` (B, L, E), HF's output;
+* ``prefill`` and ``out_cached`` (B, L, E): HF's output when the first ``prefill`` tokens run as
+  one chunk and the others one at a time, with HF's own ``DynamicCache`` (a sliding layer's cache
+  keeps only the last ``sliding_window - 1`` tokens);
 * ``transformers_version``.
 
 The tests (``tests/test_hf_<family>.py``) and the chapters read them with
@@ -55,9 +58,36 @@ def _causal_float_mask(L: int, window: int | None) -> torch.Tensor:
     return mask[None, None]  # (1, 1, L, L)
 
 
-def _save(family: str, case: str, config, layer_idx: int, module, x, positions, out) -> None:
+def _cached(config, attn, rotary, x, positions, window: int | None, prefill: int):
+    """HF's module on a prefill chunk, then token by token, with HF's DynamicCache."""
+    from transformers.cache_utils import DynamicCache
+
+    cache = DynamicCache(config=config)
+    outs = []
+    with torch.no_grad():
+        chunk = slice(0, prefill)
+        cos_sin = rotary(x[:, chunk], positions[:, chunk])
+        out, _ = attn(x[:, chunk], cos_sin, _causal_float_mask(prefill, window), cache=cache)
+        outs.append(out)
+        for t in range(prefill, x.shape[1]):
+            step = slice(t, t + 1)
+            cos_sin = rotary(x[:, step], positions[:, step])
+            # no mask: a decode step sees every key the cache returns (a sliding layer's cache
+            # returns only the window)
+            out, _ = attn(x[:, step], cos_sin, None, cache=cache)
+            outs.append(out)
+    return torch.cat(outs, dim=1)
+
+
+def _save(
+    family: str, case: str, config, layer_idx: int, module, x, positions, out, prefill, out_cached
+) -> None:
+    # HF's cached decoding must equal its own full pass, or the masks above are wrong.
+    torch.testing.assert_close(out_cached, out, atol=1e-5, rtol=1e-5)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     arrays = {
+        "prefill": np.array(prefill),
+        "out_cached": out_cached.detach().numpy(),
         "config": np.array(json.dumps(config.to_dict(), default=str, sort_keys=True)),
         "layer_idx": np.array(layer_idx),
         "x": x.numpy(),
@@ -118,7 +148,8 @@ def make_gpt_oss() -> None:
         with torch.no_grad():
             cos_sin = rotary(x, positions)
             out, _ = attn(x, cos_sin, _causal_float_mask(L, window))
-        _save("gpt_oss", case, config, layer_idx, attn, x, positions, out)
+        cached = _cached(config, attn, rotary, x, positions, window, prefill=6)
+        _save("gpt_oss", case, config, layer_idx, attn, x, positions, out, 6, cached)
 
 
 # --- Qwen3-Next: the full-attention layer (output gate, QK-norm, partial RoPE) ------------------
@@ -152,7 +183,8 @@ def make_qwen3_next() -> None:
         with torch.no_grad():
             cos_sin = rotary(x, positions)
             out, _ = attn(x, cos_sin, _causal_float_mask(L, None))
-        _save("qwen3_next", case, config, layer_idx, attn, x, positions, out)
+        cached = _cached(config, attn, rotary, x, positions, None, prefill=5)
+        _save("qwen3_next", case, config, layer_idx, attn, x, positions, out, 5, cached)
 
 
 FAMILIES = {

@@ -43,9 +43,11 @@ def from_hf(
         layer_idx: which layer (it decides e.g. gpt-oss's sliding window).
 
     Returns:
-        A module called as ``module(x, positions=None)``: causal self-attention over ``x``
-        ``(B, L, E)`` -> ``(B, L, E)``; ``positions`` ``(L,)`` or ``(B, L)`` (default ``0 … L-1``)
-        feed RoPE only.
+        A module called as ``module(x, positions=None, *, kv_cache=None)``: causal self-attention
+        over ``x`` ``(B, L, E)`` -> ``(B, L, E)``; ``positions`` ``(L,)`` or ``(B, L)`` (default
+        ``0 … L-1``, after the cached tokens with a cache) feed RoPE only. With ``kv_cache`` (e.g.
+        :class:`mha.KVCache`), the tokens of ``x`` follow those already cached: decoding a chunk
+        or a token at a time equals one pass over the whole sequence.
 
     Raises:
         ValueError: an unknown family, a config without a key the family needs, a state_dict with
@@ -71,6 +73,8 @@ class Fixture(NamedTuple):
     x: Tensor  # (B, L, E) the input
     positions: Tensor  # (B, L) the positions given to RoPE
     out: Tensor  # (B, L, E) HF's output (eager attention, float32)
+    prefill: int  # in the cached run, the first chunk's length; then one token at a time
+    out_cached: Tensor  # (B, L, E) HF's output of that cached run (its DynamicCache)
     transformers_version: str
 
 
@@ -94,6 +98,8 @@ def load_fixture(name: str) -> Fixture:
             x=torch.from_numpy(data["x"]),
             positions=torch.from_numpy(data["positions"]),
             out=torch.from_numpy(data["out"]),
+            prefill=int(data["prefill"]),
+            out_cached=torch.from_numpy(data["out_cached"]),
             transformers_version=str(data["transformers_version"]),
         )
 

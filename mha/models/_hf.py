@@ -107,15 +107,20 @@ def load(module: M, state_dict: Mapping[str, Any], family: str) -> M:
     return module
 
 
-def check_input(x: Any, positions: Any, hidden_size: int) -> Tensor | None:
-    """Check ``x`` ``(B, L, E)`` and positions ``(L,)`` or ``(B, L)``; return the positions as
-    RoPE wants them for ``(B, H, L, D)``: ``None``, ``(L,)`` or ``(B, 1, L)``."""
+def check_input(x: Any, positions: Any, hidden_size: int, kv_cache: Any = None) -> int | Tensor:
+    """Check ``x`` ``(B, L, E)``, positions ``(L,)`` or ``(B, L)`` and the cache; return the
+    positions as RoPE wants them for ``(B, H, L, D)``: an int offset (the tokens already cached),
+    ``(L,)`` or ``(B, 1, L)``."""
+    if kv_cache is not None and not all(hasattr(kv_cache, a) for a in ("update", "__len__")):
+        raise TypeError(
+            f"kv_cache must be a cache such as mha.KVCache, got {type(kv_cache).__name__}"
+        )
     validate.tensor("x", x, floating=True, ndim=3, layout="(B, L, E)")
     B, L, E = x.shape
     if E != hidden_size:
         raise ValueError(f"x must have E = hidden_size = {hidden_size}, got x {tuple(x.shape)}")
     if positions is None:
-        return None
+        return 0 if kv_cache is None else len(kv_cache)
     validate.integer_tensor("positions", positions)
     if tuple(positions.shape) not in {(L,), (B, L)}:
         raise ValueError(
@@ -123,3 +128,17 @@ def check_input(x: Any, positions: Any, hidden_size: int) -> Tensor | None:
             f"got {tuple(positions.shape)}"
         )
     return positions if positions.dim() == 1 else positions[:, None, :]  # (L,) or (B, 1, L)
+
+
+def causal_keep_mask(L: int, S: int, window: int | None, device: torch.device) -> Tensor:
+    """Keep-mask of ``L`` new queries over ``S`` keys, the queries being the last ``L`` tokens
+    (bottom-right: the cache holds the first ``S - L``): key ``j`` is kept for query ``i`` when
+    ``j <= i`` and, in a sliding layer, ``i - j < window``.
+
+    Shapes:
+        returns ``(L, S)`` bool.
+    """
+    i = torch.arange(S - L, S, device=device)[:, None]  # (L, 1) the queries' token indices
+    j = torch.arange(S, device=device)[None, :]  # (1, S)
+    keep = j <= i  # (L, S)
+    return keep if window is None else keep & (i - j < window)

@@ -19,7 +19,6 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import scaled_dot_product_attention
-from ..masks import sliding_window_mask
 from ..rope import apply_rope
 from . import _hf
 
@@ -38,7 +37,9 @@ class GptOssAttention(nn.Module):
         bias: whether the four projections have biases (gpt-oss: yes).
 
     Shapes:
-        x ``(B, L, E)``, positions ``(L,)`` or ``(B, L)`` -> ``(B, L, E)``.
+        x ``(B, L, E)``, positions ``(L,)`` or ``(B, L)`` -> ``(B, L, E)``. With ``kv_cache``
+        (:class:`mha.KVCache`) the tokens of ``x`` follow the cached ones: the keys and values
+        (after RoPE) are cached, and the default positions continue.
     """
 
     frequencies: Tensor  # a buffer: RoPE's speed per rotated pair
@@ -69,24 +70,27 @@ class GptOssAttention(nn.Module):
         self.sinks = nn.Parameter(torch.zeros(num_heads))  # (H,): one logit per head
         self.register_buffer("frequencies", frequencies, persistent=False)  # (D/2,)
 
-    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        pos = _hf.check_input(x, positions, self.hidden_size)  # None, (L,) or (B, 1, L)
+    def forward(
+        self, x: Tensor, positions: Tensor | None = None, *, kv_cache: Any = None
+    ) -> Tensor:
+        pos = _hf.check_input(x, positions, self.hidden_size, kv_cache)  # p0, (L,) or (B, 1, L)
         B, L, _ = x.shape
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         q = self.q_proj(x).view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
         k = self.k_proj(x).view(B, L, Hkv, D).transpose(1, 2)  # (B, Hkv, L, D)
         v = self.v_proj(x).view(B, L, Hkv, D).transpose(1, 2)  # (B, Hkv, L, D)
         q, k = self._rope(q, pos), self._rope(k, pos)  # (B, H|Hkv, L, D)
-        # a sliding layer's keep-mask is causal too; a full layer is plain causal
-        mask = None if self.window is None else sliding_window_mask(L, window=self.window)
+        if kv_cache is not None:  # the keys and values of the earlier tokens join
+            k, v = kv_cache.update(k, v)  # (B, Hkv, S, D) each
+        mask = _hf.causal_keep_mask(L, k.shape[-2], self.window, x.device)  # (L, S)
         out = scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=H != Hkv, sinks=self.sinks
+            q, k, v, attn_mask=mask, enable_gqa=H != Hkv, sinks=self.sinks
         )  # (B, H, L, D)
         out = cast(Tensor, out)  # (without return_weights, one tensor)
         out = out.transpose(1, 2).reshape(B, L, H * D)  # concat heads -> (B, L, H·D)
         return self.o_proj(out)  # (B, L, E)
 
-    def _rope(self, x: Tensor, pos: Tensor | None) -> Tensor:
+    def _rope(self, x: Tensor, pos: int | Tensor) -> Tensor:
         """RoPE with this layer's (YaRN) speeds: ``(B, H, L, D)`` -> ``(B, H, L, D)``."""
         return apply_rope(
             x, pos, frequencies=self.frequencies, attention_factor=self.attention_factor

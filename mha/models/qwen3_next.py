@@ -40,7 +40,9 @@ class GatedAttention(nn.Module):
         bias: whether the four projections have biases (Qwen3-Next: no).
 
     Shapes:
-        x ``(B, L, E)``, positions ``(L,)`` or ``(B, L)`` -> ``(B, L, E)``.
+        x ``(B, L, E)``, positions ``(L,)`` or ``(B, L)`` -> ``(B, L, E)``. With ``kv_cache``
+        (:class:`mha.KVCache`) the tokens of ``x`` follow the cached ones: the keys and values
+        (after RoPE) are cached, and the default positions continue.
     """
 
     frequencies: Tensor  # a buffer: RoPE's speed per rotated pair
@@ -75,8 +77,10 @@ class GatedAttention(nn.Module):
         self.k_norm = RMSNorm(head_dim, eps=eps, zero_centered=True)
         self.register_buffer("frequencies", frequencies, persistent=False)  # (R/2,)
 
-    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        pos = _hf.check_input(x, positions, self.hidden_size)  # None, (L,) or (B, 1, L)
+    def forward(
+        self, x: Tensor, positions: Tensor | None = None, *, kv_cache: Any = None
+    ) -> Tensor:
+        pos = _hf.check_input(x, positions, self.hidden_size, kv_cache)  # p0, (L,) or (B, 1, L)
         B, L, _ = x.shape
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         q, gate = self.q_proj(x).view(B, L, H, 2 * D).chunk(2, dim=-1)  # (B, L, H, D) each
@@ -84,13 +88,16 @@ class GatedAttention(nn.Module):
         k = self.k_norm(self.k_proj(x).view(B, L, Hkv, D)).transpose(1, 2)  # (B, Hkv, L, D)
         v = self.v_proj(x).view(B, L, Hkv, D).transpose(1, 2)  # (B, Hkv, L, D)
         q, k = self._rope(q, pos), self._rope(k, pos)  # only the first R dims turn
-        out = scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=H != Hkv)
+        if kv_cache is not None:  # the keys and values of the earlier tokens join
+            k, v = kv_cache.update(k, v)  # (B, Hkv, S, D) each
+        mask = _hf.causal_keep_mask(L, k.shape[-2], None, x.device)  # (L, S)
+        out = scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=H != Hkv)
         out = cast(Tensor, out)  # (B, H, L, D) (without return_weights, one tensor)
         out = out.transpose(1, 2).reshape(B, L, H * D)  # concat heads -> (B, L, H·D)
         out = out * torch.sigmoid(gate.reshape(B, L, H * D))  # (B, L, H·D): the output gate
         return self.o_proj(out)  # (B, L, E)
 
-    def _rope(self, x: Tensor, pos: Tensor | None) -> Tensor:
+    def _rope(self, x: Tensor, pos: int | Tensor) -> Tensor:
         """Partial RoPE: ``(B, H, L, D)`` -> ``(B, H, L, D)``, the first ``R`` dims turned."""
         return apply_rope(
             x,
