@@ -19,6 +19,24 @@ def load(name):
     return f.config, f.state_dict, f.layer_idx, arrays
 
 
+def test_other_settings_equal_hugging_face():
+    """No biases, no GQA, YaRN with rounded boundaries: layer 2 of four, a sliding one."""
+    f = load_fixture("gpt_oss_variant")
+    assert not f.config["attention_bias"] and f.config["rope_parameters"]["truncate"]
+    module = mha.from_hf("gpt_oss", f.config, f.state_dict, layer_idx=f.layer_idx)
+    assert module.window == 3 and module.num_kv_heads == module.num_heads
+    with torch.no_grad():
+        torch.testing.assert_close(module(f.x, f.positions), f.out)
+
+
+@pytest.mark.parametrize("case", ["sliding", "variant"])
+def test_yarn_speeds_and_factor_equal_hugging_face(case):
+    f = load_fixture(f"gpt_oss_{case}")
+    module = mha.from_hf("gpt_oss", f.config, f.state_dict, layer_idx=f.layer_idx)
+    torch.testing.assert_close(module.frequencies, f.rope_inv_freq, rtol=0, atol=0)
+    assert module.attention_factor == pytest.approx(f.rope_attention_scaling, rel=1e-12)
+
+
 @pytest.mark.parametrize("case", ["sliding", "full"])
 def test_equals_hugging_face(case):
     config, state, layer_idx, a = load(f"gpt_oss_{case}")
@@ -106,7 +124,7 @@ def test_unknown_fixture():
         load_fixture("gpt_oss_window")
 
 
-@pytest.mark.parametrize("case", ["sliding", "full"])
+@pytest.mark.parametrize("case", ["sliding", "full", "variant"])
 def test_cached_decoding_equals_hugging_face_with_its_cache(case):
     f = load_fixture(f"gpt_oss_{case}")
     module = mha.from_hf("gpt_oss", f.config, f.state_dict, layer_idx=f.layer_idx)
@@ -117,6 +135,8 @@ def test_cached_decoding_equals_hugging_face_with_its_cache(case):
             outs.append(module(f.x[:, t : t + 1], f.positions[:, t : t + 1], kv_cache=cache))
     torch.testing.assert_close(torch.cat(outs, dim=1), f.out_cached)
     assert len(cache) == f.x.shape[1]
+    if case == "variant":
+        return
     # positions left out continue after the cached tokens (the first sequence starts at 0)
     cache = mha.KVCache()
     with torch.no_grad():

@@ -13,11 +13,12 @@ def load(name):
     return f.config, f.state_dict, f.layer_idx, arrays
 
 
-@pytest.mark.parametrize("case", ["full", "full_bias"])
+@pytest.mark.parametrize("case", ["full", "full_bias", "yarn"])
 def test_equals_hugging_face(case):
     config, state, layer_idx, a = load(f"qwen3_next_{case}")
     module = mha.from_hf("qwen3_next", config, state, layer_idx=layer_idx)
-    assert module.rotary_dim == config["head_dim"] // 4  # partial RoPE: a quarter of each head
+    factor = config["rope_parameters"]["partial_rotary_factor"]  # a quarter, or half with yarn
+    assert module.rotary_dim == int(config["head_dim"] * factor)
     with torch.no_grad():
         torch.testing.assert_close(module(a["x"], a["positions"]), a["out"])
 
@@ -56,8 +57,17 @@ def test_bad_layer_and_weights():
         mha.from_hf("qwen3_next", config, state, layer_idx=-1)
 
 
-def test_cached_decoding_equals_hugging_face_with_its_cache():
-    f = load_fixture("qwen3_next_full")
+@pytest.mark.parametrize("case", ["full", "yarn"])
+def test_rope_speeds_equal_hugging_face(case):
+    f = load_fixture(f"qwen3_next_{case}")
+    module = mha.from_hf("qwen3_next", f.config, f.state_dict, layer_idx=f.layer_idx)
+    torch.testing.assert_close(module.frequencies, f.rope_inv_freq, rtol=1e-6, atol=0)
+    assert module.attention_factor == pytest.approx(f.rope_attention_scaling, rel=1e-12)
+
+
+@pytest.mark.parametrize("case", ["full", "yarn"])
+def test_cached_decoding_equals_hugging_face_with_its_cache(case):
+    f = load_fixture(f"qwen3_next_{case}")
     module = mha.from_hf("qwen3_next", f.config, f.state_dict, layer_idx=f.layer_idx)
     cache, n = mha.KVCache(), f.prefill
     with torch.no_grad():

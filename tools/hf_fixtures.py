@@ -80,13 +80,25 @@ def _cached(config, attn, rotary, x, positions, window: int | None, prefill: int
 
 
 def _save(
-    family: str, case: str, config, layer_idx: int, module, x, positions, out, prefill, out_cached
+    family: str,
+    case: str,
+    config,
+    layer_idx: int,
+    module,
+    x,
+    positions,
+    out,
+    prefill,
+    out_cached,
+    rotary,
 ) -> None:
     # HF's cached decoding must equal its own full pass, or the masks above are wrong.
     torch.testing.assert_close(out_cached, out, atol=1e-5, rtol=1e-5)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     arrays = {
         "prefill": np.array(prefill),
+        "rope_inv_freq": rotary.inv_freq.numpy(),  # HF's RoPE speeds (YaRN's, if set)
+        "rope_attention_scaling": np.array(float(rotary.attention_scaling)),
         "out_cached": out_cached.detach().numpy(),
         "config": np.array(json.dumps(config.to_dict(), default=str, sort_keys=True)),
         "layer_idx": np.array(layer_idx),
@@ -149,7 +161,44 @@ def make_gpt_oss() -> None:
             cos_sin = rotary(x, positions)
             out, _ = attn(x, cos_sin, _causal_float_mask(L, window))
         cached = _cached(config, attn, rotary, x, positions, window, prefill=6)
-        _save("gpt_oss", case, config, layer_idx, attn, x, positions, out, 6, cached)
+        _save("gpt_oss", case, config, layer_idx, attn, x, positions, out, 6, cached, rotary)
+
+
+def make_gpt_oss_variant() -> None:
+    """Other settings HF's class accepts: no biases, no GQA, a wider model, YaRN with
+    rounded boundaries and a smaller factor."""
+    from transformers.models.gpt_oss import modeling_gpt_oss as m
+
+    config = m.GptOssConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=16,
+        num_hidden_layers=4,
+        sliding_window=3,
+        max_position_embeddings=4096,  # 8 × 512
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 8.0,
+            "truncate": True,
+            "original_max_position_embeddings": 512,
+        },
+        attention_bias=False,
+    )
+    config._attn_implementation = "eager"
+    rotary = m.GptOssRotaryEmbedding(config)
+    layer_idx, B, L = 2, 2, 9
+    assert config.layer_types[layer_idx] == "sliding_attention"
+    attn = m.GptOssAttention(config, layer_idx).eval()
+    _fill(attn, seed=50)
+    with torch.no_grad():
+        attn.sinks.mul_(4.0)
+    x, positions = _inputs(60, B, L, config.hidden_size, [0, 900])
+    with torch.no_grad():
+        out, _ = attn(x, rotary(x, positions), _causal_float_mask(L, config.sliding_window))
+    cached = _cached(config, attn, rotary, x, positions, config.sliding_window, prefill=4)
+    _save("gpt_oss", "variant", config, layer_idx, attn, x, positions, out, 4, cached, rotary)
 
 
 # --- Qwen3-Next: the full-attention layer (output gate, QK-norm, partial RoPE) ------------------
@@ -158,7 +207,20 @@ def make_gpt_oss() -> None:
 def make_qwen3_next() -> None:
     from transformers.models.qwen3_next import modeling_qwen3_next as m
 
-    for case, bias in [("full", False), ("full_bias", True)]:
+    yarn = {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    max_positions = {"full": 32768, "full_bias": 32768, "yarn": 256}  # yarn: 4 × 64
+    default = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+    for case, bias, rope in [
+        ("full", False, default),
+        ("full_bias", True, default),
+        ("yarn", False, yarn),
+    ]:
         config = m.Qwen3NextConfig(
             hidden_size=48,
             num_attention_heads=4,
@@ -166,11 +228,8 @@ def make_qwen3_next() -> None:
             head_dim=16,
             num_hidden_layers=4,  # three Gated DeltaNet layers, then one full-attention layer
             layer_types=["linear_attention"] * 3 + ["full_attention"],
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "partial_rotary_factor": 0.25,
-            },
+            rope_parameters=rope,
+            max_position_embeddings=max_positions[case],
             attention_bias=bias,
         )
         config._attn_implementation = "eager"
@@ -184,11 +243,11 @@ def make_qwen3_next() -> None:
             cos_sin = rotary(x, positions)
             out, _ = attn(x, cos_sin, _causal_float_mask(L, None))
         cached = _cached(config, attn, rotary, x, positions, None, prefill=5)
-        _save("qwen3_next", case, config, layer_idx, attn, x, positions, out, 5, cached)
+        _save("qwen3_next", case, config, layer_idx, attn, x, positions, out, 5, cached, rotary)
 
 
 FAMILIES = {
-    "gpt_oss": make_gpt_oss,
+    "gpt_oss": lambda: (make_gpt_oss(), make_gpt_oss_variant()),
     "qwen3_next": make_qwen3_next,
 }
 

@@ -75,6 +75,8 @@ class Fixture(NamedTuple):
     out: Tensor  # (B, L, E) HF's output (eager attention, float32)
     prefill: int  # in the cached run, the first chunk's length; then one token at a time
     out_cached: Tensor  # (B, L, E) HF's output of that cached run (its DynamicCache)
+    rope_inv_freq: Tensor  # (R/2,) HF's RoPE speeds (YaRN's where the config sets it)
+    rope_attention_scaling: float  # HF's factor on cos and sin (YaRN's attention factor)
     transformers_version: str
 
 
@@ -100,6 +102,8 @@ def load_fixture(name: str) -> Fixture:
             out=torch.from_numpy(data["out"]),
             prefill=int(data["prefill"]),
             out_cached=torch.from_numpy(data["out_cached"]),
+            rope_inv_freq=torch.from_numpy(data["rope_inv_freq"]),
+            rope_attention_scaling=float(data["rope_attention_scaling"]),
             transformers_version=str(data["transformers_version"]),
         )
 
