@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import scaled_dot_product_attention
+from ..multihead import KVCacheProtocol
 from ..norms import RMSNorm
 from ..rope import apply_rope
 from . import _hf
@@ -78,7 +79,7 @@ class GatedAttention(nn.Module):
         self.register_buffer("frequencies", frequencies, persistent=False)  # (R/2,)
 
     def forward(
-        self, x: Tensor, positions: Tensor | None = None, *, kv_cache: Any = None
+        self, x: Tensor, positions: Tensor | None = None, *, kv_cache: KVCacheProtocol | None = None
     ) -> Tensor:
         pos = _hf.check_input(x, positions, self.hidden_size, kv_cache)  # p0, (L,) or (B, 1, L)
         B, L, _ = x.shape
