@@ -11,6 +11,10 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
 * :class:`PreallocatedKVCache`, :class:`PagedKVCache`, :func:`flash_decoding` — caches that serve
   and split-KV decoding (``mha/decoding.py``)
 * :func:`apply_rope` — rotary position embedding, Llama's rotate-half pairing (``mha/rope.py``)
+* :func:`yarn_frequencies` — YaRN's RoPE speeds for a longer context (``mha/rope.py``)
+* :func:`rms_norm`, :class:`RMSNorm` — RMSNorm, e.g. on each head's queries and keys (``mha/norms.py``)
+* :func:`from_hf` — attention layers of 2026's open models (gpt-oss, Qwen3-Next) from Hugging
+  Face configs and weights (``mha/models/``)
 * :class:`MultiHeadLatentAttention`, :class:`LatentCache` — DeepSeek's latent attention (``mha/mla.py``)
 * :func:`kv_cache_bytes`, :class:`AttentionConfig` — KV-cache memory of real models (``mha/kv_memory.py``)
 * :mod:`mha.flex` — the course's masks as FlexAttention ``mask_mod``/``score_mod`` functions
@@ -41,8 +45,10 @@ from .lab.demo import expect_error
 from .linear_attention import linear_attention
 from .masks import causal_mask, causal_mask_bottom_right, padding_mask, sliding_window_mask
 from .mla import LatentCache, MultiHeadLatentAttention
+from .models import from_hf
 from .multihead import KVCache, MultiHeadAttention
-from .rope import apply_rope, rope_frequencies
+from .norms import RMSNorm, rms_norm
+from .rope import apply_rope, rope_frequencies, yarn_frequencies
 
 __version__ = "0.1.0"
 
@@ -69,6 +75,7 @@ __all__ = [
     "MultiHeadLatentAttention",
     "PagedKVCache",
     "PreallocatedKVCache",
+    "RMSNorm",
     "TransformerBlock",
     "apply_rope",
     "bench",
@@ -84,6 +91,7 @@ __all__ = [
     "flash_attention",
     "flash_decoding",
     "flex",
+    "from_hf",
     "hardware",
     "kv_cache_bytes",
     "linear_attention",
@@ -91,6 +99,7 @@ __all__ = [
     "merge_partials",
     "online_softmax_update",
     "padding_mask",
+    "rms_norm",
     "rope_frequencies",
     "scaled_dot_product_attention",
     "sliding_window_mask",
@@ -98,4 +107,5 @@ __all__ = [
     "tile_schedule",
     "timing",
     "viz",
+    "yarn_frequencies",
 ]

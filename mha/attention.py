@@ -84,6 +84,7 @@ def scaled_dot_product_attention(
     scale: float | None = None,
     return_weights: bool = False,
     enable_gqa: bool = False,
+    sinks: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Attention written out step by step: scores, masks, stable softmax, weighted sum.
 
@@ -97,16 +98,22 @@ def scaled_dot_product_attention(
         return_weights: also return the attention weights.
         enable_gqa: key/value may have fewer heads (dim -3); query head ``i`` reads head
             ``i // (H // Hkv)`` without copies.
+        sinks: a learned logit per head (gpt-oss's "attention sink"): one more softmax column
+            that takes probability mass and hands over no value, so a row's weights may sum to
+            less than 1. ``None`` for plain attention.
 
     Shapes:
         query ``(..., L, D)``, key ``(..., S, D)``, value ``(..., S, Dv)`` (with ``enable_gqa``
-        key/value ``(..., Hkv, S, ·)``); returns ``(..., L, Dv)`` [and weights ``(..., L, S)``].
+        key/value ``(..., Hkv, S, ·)``), sinks broadcasting to ``query.shape[:-2]`` (e.g.
+        ``(H,)``); returns ``(..., L, Dv)`` [and weights ``(..., L, S)``, without the sink].
     """
     groups, scale = check_arguments(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     validate.probability("dropout_p", dropout_p)
     validate.flag("return_weights", return_weights)
+    if sinks is not None:
+        validate.sinks(sinks, validate.shape(query))
     return _attention(
-        query, key, value, attn_mask, dropout_p, is_causal, scale, groups, return_weights
+        query, key, value, attn_mask, dropout_p, is_causal, scale, groups, return_weights, sinks
     )
 
 
@@ -120,6 +127,7 @@ def _attention(
     scale: float,
     groups: int = 1,
     return_weights: bool = False,
+    sinks: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """The math of :func:`scaled_dot_product_attention`, on checked arguments.
 
@@ -153,7 +161,12 @@ def _attention(
             scores = scores + attn_mask
     # Without a mask no row can be all -inf, so torch's fused softmax (which also subtracts the
     # row max) is the whole story; with a mask we need the version that is safe for empty rows.
+    if sinks is not None:  # the sink is one more key whose score is the learned logit
+        sink = sinks.to(scores.dtype)[..., None, None].expand(*scores.shape[:-1], 1)  # (..., L, 1)
+        scores = torch.cat([scores, sink], dim=-1)  # (..., L, S + 1)
     weights = softmax(scores, dim=-1) if masked else torch.softmax(scores, dim=-1)  # (..., L, S)
+    if sinks is not None:
+        weights = weights[..., :-1]  # (..., L, S): the sink's share hands over no value
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
     out = fold_groups(weights, groups) @ value  # (..., L, Dv); (..., Hkv, G·L, Dv) with groups

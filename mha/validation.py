@@ -207,6 +207,17 @@ def _broadcasts(small: tuple[int, ...], target: tuple[int, ...]) -> bool:
     )
 
 
+def sinks(value: Any, query_shape: tuple[int, ...]) -> Tensor:
+    """Sink logits: a floating tensor broadcasting to the query's leading dims (e.g. ``(H,)``)."""
+    tensor("sinks", value, floating=True)
+    if not _broadcasts(shape(value), query_shape[:-2]):
+        raise ValueError(
+            f"sinks of shape {shape(value)} must broadcast to the query's leading dims "
+            f"{query_shape[:-2]} (query {query_shape})"
+        )
+    return value
+
+
 def positions(name: str, value: Any, target: tuple[int, ...]) -> int | Tensor:
     """Token positions: an ``int`` offset ``p0`` (positions ``p0 … p0+L-1``) or an integer tensor.
 

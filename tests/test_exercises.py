@@ -48,7 +48,12 @@ sys.path.insert(0, str(REPO / "tools"))
 from fold_solutions import solution_ranges  # noqa: E402 (tools/ joins the path first)
 
 BY_NAME = {ex.name: ex for ex in EXERCISES}
-CHAPTER_NOTEBOOKS = sorted((REPO / "chapters").glob("0[1-8]_*.ipynb"))
+# The notebooks with exercises (the appendix has none; an opening page shares its sections' NN).
+CHAPTER_NOTEBOOKS = sorted(
+    p
+    for p in (REPO / "chapters").glob("[0-9][0-9]_*.ipynb")
+    if ":::{exercise}" in p.read_text(encoding="utf-8")
+)
 
 
 def _stored_lines() -> set[str]:

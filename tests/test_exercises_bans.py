@@ -197,6 +197,20 @@ EVASIONS = [
     ),
     ("check_rope", "mha.apply_rope passed itself", apply_rope, "without mha.apply_rope"),
     (
+        "check_partial_rope",
+        "mha.apply_rope with rotary_dim, imported before the check",
+        lambda x, positions, R: apply_rope(x, positions, rotary_dim=R),
+        "without mha.apply_rope",
+    ),
+    (
+        "check_yarn_frequencies",
+        "mha.rope.yarn_frequencies with its tuple unpacked",
+        lambda D, base, factor, L0: rope.yarn_frequencies(
+            D, base=base, factor=factor, original_max_position_embeddings=L0, truncate=False
+        )[0],
+        "without mha.yarn_frequencies",
+    ),
+    (
         "check_rope",
         "mha.rope.apply_rope",
         lambda x, positions: rope.apply_rope(x, positions),

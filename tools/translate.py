@@ -77,6 +77,7 @@ PART_CAPTIONS = {
     "Multi-head attention": "多头注意力",
     "Making it fast": "让它跑得快",
     "Training and serving": "训练与推理服务",
+    "Today's open models": "当今的开放模型",
     "Appendix": "附录",
 }
 GLOSSARY_PART = "参考"

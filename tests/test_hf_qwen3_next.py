@@ -1,0 +1,77 @@
+"""Qwen3-Next's full-attention layer (mha.from_hf) against Hugging Face's module, via fixtures."""
+
+import pytest
+import torch
+
+import mha
+from mha.models import load_fixture
+
+
+def load(name):
+    f = load_fixture(name)
+    arrays = {"x": f.x, "positions": f.positions, "out": f.out}
+    return f.config, f.state_dict, f.layer_idx, arrays
+
+
+@pytest.mark.parametrize("case", ["full", "full_bias", "yarn"])
+def test_equals_hugging_face(case):
+    config, state, layer_idx, a = load(f"qwen3_next_{case}")
+    module = mha.from_hf("qwen3_next", config, state, layer_idx=layer_idx)
+    factor = config["rope_parameters"]["partial_rotary_factor"]  # a quarter, or half with yarn
+    assert module.rotary_dim == int(config["head_dim"] * factor)
+    with torch.no_grad():
+        torch.testing.assert_close(module(a["x"], a["positions"]), a["out"])
+
+
+def test_gate_closed_gives_only_the_bias():
+    config, state, layer_idx, a = load("qwen3_next_full_bias")
+    module = mha.from_hf("qwen3_next", config, state, layer_idx=layer_idx)
+    H, D = config["num_attention_heads"], config["head_dim"]
+    with torch.no_grad():
+        # q_proj's rows hold, per head, D query rows then D gate rows: shut every gate
+        rows = module.q_proj.bias.view(H, 2, D)  # (H, 2, D)
+        rows[:, 1] = -1e4
+        out = module(a["x"])
+    torch.testing.assert_close(out, module.o_proj.bias.expand_as(out), atol=1e-6, rtol=0)
+
+
+def test_bad_layer_and_weights():
+    config, state, layer_idx, _ = load("qwen3_next_full")
+    with pytest.raises(ValueError, match="layer_types\\[0\\] is 'linear_attention'"):
+        mha.from_hf("qwen3_next", config, state, layer_idx=0)
+    with pytest.raises(ValueError, match=r"missing keys \['k_norm.weight'\]"):
+        mha.from_hf(
+            "qwen3_next",
+            config,
+            {k: v for k, v in state.items() if k != "k_norm.weight"},
+            layer_idx=layer_idx,
+        )
+    with pytest.raises(
+        ValueError,
+        match=r"state_dict\['q_proj.weight'\] has shape \(128, 48\), the config implies \(64, 48\)",
+    ):
+        mha.from_hf("qwen3_next", {**config, "head_dim": 8}, state, layer_idx=layer_idx)
+    with pytest.raises(ValueError, match=r"config is missing \['rope_theta'\]"):
+        mha.from_hf("qwen3_next", {**config, "rope_parameters": {}}, state, layer_idx=layer_idx)
+    with pytest.raises(ValueError, match="layer_idx must be zero or positive"):
+        mha.from_hf("qwen3_next", config, state, layer_idx=-1)
+
+
+@pytest.mark.parametrize("case", ["full", "yarn"])
+def test_rope_speeds_equal_hugging_face(case):
+    f = load_fixture(f"qwen3_next_{case}")
+    module = mha.from_hf("qwen3_next", f.config, f.state_dict, layer_idx=f.layer_idx)
+    torch.testing.assert_close(module.frequencies, f.rope_inv_freq, rtol=1e-6, atol=0)
+    assert module.attention_factor == pytest.approx(f.rope_attention_scaling, rel=1e-12)
+
+
+@pytest.mark.parametrize("case", ["full", "yarn"])
+def test_cached_decoding_equals_hugging_face_with_its_cache(case):
+    f = load_fixture(f"qwen3_next_{case}")
+    module = mha.from_hf("qwen3_next", f.config, f.state_dict, layer_idx=f.layer_idx)
+    cache, n = mha.KVCache(), f.prefill
+    with torch.no_grad():
+        outs = [module(f.x[:, :n], f.positions[:, :n], kv_cache=cache)]
+        for t in range(n, f.x.shape[1]):
+            outs.append(module(f.x[:, t : t + 1], f.positions[:, t : t + 1], kv_cache=cache))
+    torch.testing.assert_close(torch.cat(outs, dim=1), f.out_cached)
