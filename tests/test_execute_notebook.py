@@ -252,7 +252,9 @@ def test_make_execute_records_the_smallest_text_of_each_figure(tmp_path):
     path = tmp_path / "figures.ipynb"
     nbformat.write(nbformat.v4.new_notebook(cells=[cell(draw, [])]), path)
     execute_notebook.execute(path)
-    outputs = [o for o in nbformat.read(path, as_version=4).cells[0].outputs if "image/png" in o.data]
+    outputs = [
+        o for o in nbformat.read(path, as_version=4).cells[0].outputs if "image/png" in o.data
+    ]
     assert len(outputs) == 2
     text, blank = (o.metadata["mha_text"] for o in outputs)
     assert text["min_pt"] == 7.0  # the legend, smaller than the title and the 10-pt ticks
