@@ -7,8 +7,10 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
 * :func:`linear_attention` — kernel-feature-map attention in O(L) (``mha/linear_attention.py``)
 * :func:`causal_mask`, :func:`padding_mask`, :func:`sliding_window_mask` — keep-masks (``mha/masks.py``)
 * :class:`MultiHeadAttention`, :class:`KVCache` — the module and its decoding cache (``mha/multihead.py``)
-* :class:`PreallocatedKVCache`, :class:`PagedKVCache`, :func:`flash_decoding` — caches that serve
-  and split-KV decoding (``mha/decoding.py``)
+* :class:`PreallocatedKVCache`, :func:`flash_decoding` — a cache that serves and split-KV
+  decoding (``mha/decoding.py``)
+* :class:`PagedKVCache`, :func:`paged_attention` — a pool of blocks and attention through its
+  block table (``mha/paged.py``)
 * :func:`apply_rope` — rotary position embedding, Llama's rotate-half pairing (``mha/rope.py``)
 * :class:`MultiHeadLatentAttention`, :class:`LatentCache` — DeepSeek's latent attention (``mha/mla.py``)
 * :func:`kv_cache_bytes`, :class:`AttentionConfig` — KV-cache memory of real models (``mha/kv_memory.py``)
@@ -31,7 +33,7 @@ The lab's modules, :mod:`mha.exercises` and :mod:`mha.flex` load on first use (`
 import importlib
 
 from .attention import scaled_dot_product_attention, softmax
-from .decoding import PagedKVCache, PreallocatedKVCache, flash_decoding, merge_partials
+from .decoding import PreallocatedKVCache, flash_decoding, merge_partials
 from .flash import flash_attention, online_softmax_update, tile_schedule
 from .kv_memory import AttentionConfig, kv_cache_bytes
 from .lab import MODULES as _LAB_MODULES
@@ -40,6 +42,7 @@ from .linear_attention import linear_attention
 from .masks import causal_mask, causal_mask_bottom_right, padding_mask, sliding_window_mask
 from .mla import LatentCache, MultiHeadLatentAttention
 from .multihead import KVCache, MultiHeadAttention
+from .paged import PagedKVCache, paged_attention
 from .rope import apply_rope, rope_frequencies
 
 __version__ = "0.1.0"
@@ -87,6 +90,7 @@ __all__ = [
     "memory",
     "merge_partials",
     "online_softmax_update",
+    "paged_attention",
     "padding_mask",
     "rope_frequencies",
     "scaled_dot_product_attention",
