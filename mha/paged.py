@@ -140,6 +140,20 @@ class PagedKVCache:
             self._release(block)
         self._lens.pop(sequence)
 
+    def truncate(self, sequence: int, length: int) -> None:
+        """Keep the first ``length`` positions of ``sequence`` (e.g. drafted tokens that
+        speculative decoding rejects); blocks it no longer reaches go back to the pool."""
+        n = len(self._tables)
+        validate.index("sequence", sequence, n, f"the cache holds {n} sequences")
+        stored = self._lens[sequence]
+        length = validate.non_negative_int("length", length)
+        if length > stored:
+            raise ValueError(f"length ({length}) must be at most sequence {sequence}'s {stored}")
+        row = self._tables[sequence]
+        while len(row) > math.ceil(length / self.block_size):
+            self._release(row.pop())
+        self._lens[sequence] = length
+
     def reset(self) -> None:
         """End every sequence; the pool stays allocated."""
         while self._tables:
@@ -169,15 +183,19 @@ class PagedKVCache:
         self._reserve(rows, S_new, key, value)
         assert self.key_pool is not None and self.value_pool is not None  # for mypy
         if S_new:
-            starts = torch.tensor([self._lens[r] for r in rows], device=key.device)  # (B,)
-            positions = starts[:, None] + torch.arange(S_new, device=key.device)  # (B, S_new)
-            width = max(len(self._tables[r]) for r in rows)
+            bs = self.block_size
+            # Only the blocks that the new positions fall in: the table's other columns are
+            # not touched, so a write costs the same at any length.
+            first = [self._lens[r] // bs for r in rows]  # each row's first block written
+            span = math.ceil(S_new / bs) + 1  # blocks S_new positions can touch
+            cols = [self._tables[r][f : f + span] for r, f in zip(rows, first)]
             table = torch.tensor(
-                [self._tables[r] + [0] * (width - len(self._tables[r])) for r in rows],
-                device=key.device,
-            )  # (B, blocks)
-            blocks = table.gather(1, positions // self.block_size)  # (B, S_new) physical blocks
-            offsets = positions % self.block_size  # (B, S_new)
+                [c + [0] * (span - len(c)) for c in cols], device=key.device
+            )  # (B, span) physical blocks
+            starts = torch.tensor([self._lens[r] % bs for r in rows], device=key.device)  # (B,)
+            positions = starts[:, None] + torch.arange(S_new, device=key.device)  # (B, S_new)
+            blocks = table.gather(1, positions // bs)  # (B, S_new) physical blocks
+            offsets = positions % bs  # (B, S_new)
             # pool[block, :, offset] for every (sequence, new position): an in-place index_put
             self.key_pool[blocks, :, offsets] = key.transpose(1, 2)  # (B, S_new, Hkv, D)
             self.value_pool[blocks, :, offsets] = value.transpose(1, 2)  # (B, S_new, Hkv, Dv)
@@ -226,6 +244,8 @@ class PagedKVCache:
         assert self.key_pool is not None and self.value_pool is not None  # for mypy
         for r in shared:  # copy-on-write: one block, the partly filled one
             j = self._lens[r] // bs
+            if self._refs[self._tables[r][j]] == 1:  # the others copied it: now it is ours
+                continue
             old, fresh = self._tables[r][j], self._take()
             self.key_pool[fresh] = self.key_pool[old]  # (Hkv, block_size, D)
             self.value_pool[fresh] = self.value_pool[old]

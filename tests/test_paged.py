@@ -147,6 +147,20 @@ def test_zero_new_tokens_store_nothing():
     assert cache.seq_lens.tolist() == [3, 3] and cache.blocks_in_use == 2
 
 
+def test_truncate_gives_blocks_back():
+    cache, keys, values = filled_cache([13, 6], block_size=4)
+    cache.truncate(0, 5)  # 13 -> 5 positions: 4 blocks -> 2
+    assert cache.seq_lens.tolist() == [5, 6] and cache.blocks_in_use == 4
+    query = randn(2, 2, 1, 8, seed=3)
+    out = mha.paged_attention(
+        query, cache.key_pool, cache.value_pool, cache.block_table, cache.seq_lens
+    )
+    want = sdpa_per_sequence(query, [keys[0][:, :, :5], keys[1]], [values[0][:, :, :5], values[1]])
+    assert_close(out, want)
+    with pytest.raises(ValueError, match=r"length \(7\) must be at most sequence 1's 6"):
+        cache.truncate(1, 7)
+
+
 def test_block_table_has_minus_one_past_each_sequence():
     cache, _, _ = filled_cache([5, 13, 0], block_size=4)
     table = cache.block_table
@@ -197,6 +211,7 @@ def test_prefix_sharing_counts_references_and_copies_on_write():
     new_k, new_v = randn(2, 2, 1, 8, seed=3), randn(2, 2, 1, 8, seed=4)
     cache.update(new_k, new_v)  # both write position 6, into the shared half-full block
     assert cache.blocks_in_use == 3  # one copy of the written block; the full one still shared
+    assert cache.key_pool.shape[0] == 8 and len(cache._free) == 5  # copied once, not twice
     t0, t1 = cache.block_table[0].tolist(), cache.block_table[1].tolist()
     assert t0[0] == t1[0] and t0[1] != t1[1]
     # the shared prompt is unchanged, each sequence sees its own new token
