@@ -251,10 +251,12 @@ class PagedKVCache:
             self.value_pool[fresh] = self.value_pool[old]
             self._release(old)
             self._tables[r][j] = fresh
-        for step in range(max((math.ceil((self._lens[r] + S_new) / bs) for r in rows), default=0)):
-            for r in rows:  # round-robin, so that the sequences' blocks interleave in the pool
-                if len(self._tables[r]) <= step < math.ceil((self._lens[r] + S_new) / bs):
-                    self._tables[r].append(self._take())
+        want = {r: math.ceil((self._lens[r] + S_new) / bs) for r in rows}  # blocks each needs
+        missing = [r for r in rows if len(self._tables[r]) < want[r]]
+        while missing:  # round-robin, so that the sequences' blocks interleave in the pool
+            for r in missing:
+                self._tables[r].append(self._take())
+            missing = [r for r in missing if len(self._tables[r]) < want[r]]
 
     def _grow(self, needed: int, key: Tensor, value: Tensor) -> None:
         """Make sure ``needed`` blocks are free: allocate the pool, or grow it by whole blocks."""
@@ -370,10 +372,16 @@ def _paged_attention(
         positions = j * bs + torch.arange(c * bs, device=query.device)  # (c·bs,)
         keep = positions < lens[:, None]  # (B, c·bs) positions the sequence holds
         cols = cols.clamp(min=0)  # -1 (no block) reads block 0, then is masked out
-        k = (
-            key_pool[cols].transpose(1, 2).reshape(B, Hkv, c * bs, D).to(compute)
-        )  # (B, Hkv, c·bs, D)
-        v = value_pool[cols].transpose(1, 2).reshape(B, Hkv, c * bs, Dv).to(compute)
+        # The pool seen as (N·Hkv, bs, D): row n·Hkv + h is head h of block n, bs·D numbers in
+        # one piece. Gathering rows in (sequence, head, block) order lays each sequence's keys
+        # out as one run per head, with no second copy (index_select is torch's fastest gather).
+        rows = (
+            cols[:, None, :] * Hkv + torch.arange(Hkv, device=query.device)[:, None]
+        )  # (B, Hkv, c)
+        k = key_pool.view(-1, bs, D).index_select(0, rows.flatten())  # (B·Hkv·c, bs, D)
+        v = value_pool.view(-1, bs, Dv).index_select(0, rows.flatten())
+        k = k.view(B, Hkv, c * bs, D).to(compute)  # (B, Hkv, c·bs, D)
+        v = v.view(B, Hkv, c * bs, Dv).to(compute)  # (B, Hkv, c·bs, Dv)
         scores = q @ k.transpose(-2, -1) * scale  # (B, Hkv, G·L, c·bs)
         scores = scores.masked_fill(~keep[:, None, None, :], -math.inf)
         m_new = torch.maximum(m, scores.amax(-1, keepdim=True))  # (B, Hkv, G·L, 1)
