@@ -378,8 +378,8 @@ def _paged_attention(
         rows = (
             cols[:, None, :] * Hkv + torch.arange(Hkv, device=query.device)[:, None]
         )  # (B, Hkv, c)
-        k = key_pool.view(-1, bs, D).index_select(0, rows.flatten())  # (B·Hkv·c, bs, D)
-        v = value_pool.view(-1, bs, Dv).index_select(0, rows.flatten())
+        k = key_pool.reshape(-1, bs, D).index_select(0, rows.flatten())  # (B·Hkv·c, bs, D)
+        v = value_pool.reshape(-1, bs, Dv).index_select(0, rows.flatten())
         k = k.view(B, Hkv, c * bs, D).to(compute)  # (B, Hkv, c·bs, D)
         v = v.view(B, Hkv, c * bs, Dv).to(compute)  # (B, Hkv, c·bs, Dv)
         scores = q @ k.transpose(-2, -1) * scale  # (B, Hkv, G·L, c·bs)

@@ -382,3 +382,77 @@ def test_paged_cache_bad_inputs():
         ValueError, match=r"sequences of one length; the PagedKVCache holds \[2, 3\]"
     ):
         rope(torch.randn(2, 1, 16), kv_cache=ragged)
+
+
+# --- any sequence of operations ------------------------------------------------------------------
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "fork", "decode", "chunk", "free", "truncate"]),
+        st.integers(0, 10),
+        st.integers(0, 10),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops=OPS, block_size=st.sampled_from([1, 3, 4]))
+def test_any_sequence_of_operations_reads_back_each_sequence(ops, block_size):
+    """Admit, fork, decode, write chunks, free and truncate in any order: every live sequence
+    reads back as its own keys (SDPA over a plain list of them), and the blocks in use are
+    exactly the distinct blocks the table names."""
+    cache = mha.PagedKVCache(block_size)
+    mine: list[tuple[torch.Tensor, torch.Tensor]] = []  # each live sequence's keys and values
+    seed = 0
+    for op, a, b in ops:
+        seed += 1
+        n = len(mine)
+        if op == "add" or n == 0:
+            cache.add_sequence()
+            mine.append((randn(1, 2, 0, 4), randn(1, 2, 0, 4)))
+        elif op == "fork":
+            src = a % n
+            length = b % (mine[src][0].shape[2] + 1)
+            cache.fork(src, length)
+            mine.append(tuple(t[:, :, :length] for t in mine[src]))
+        elif op in ("decode", "chunk"):
+            rows = list(range(n)) if op == "decode" else [a % n]
+            S_new = 1 if op == "decode" else b % 6
+            k = randn(len(rows), 2, S_new, 4, seed=seed)
+            v = randn(len(rows), 2, S_new, 4, seed=seed + 1000)
+            cache.update(k, v, sequences=rows)
+            for i, r in enumerate(rows):
+                mine[r] = (
+                    torch.cat([mine[r][0], k[i : i + 1]], 2),
+                    torch.cat([mine[r][1], v[i : i + 1]], 2),
+                )
+        elif op == "free":
+            cache.free_sequence(a % n)
+            mine.pop(a % n)
+        else:  # truncate
+            r = a % n
+            length = b % (mine[r][0].shape[2] + 1)
+            cache.truncate(r, length)
+            mine[r] = tuple(t[:, :, :length] for t in mine[r])
+        assert cache.seq_lens.tolist() == [k.shape[2] for k, _ in mine]
+        table = cache.block_table
+        assert cache.blocks_in_use == len(set(table[table >= 0].tolist()))
+    if mine and cache.key_pool is not None:
+        query = randn(len(mine), 4, 1, 4, seed=7)
+        out = mha.paged_attention(
+            query, cache.key_pool, cache.value_pool, cache.block_table, cache.seq_lens
+        )
+        assert_close(out, sdpa_per_sequence(query, [k for k, _ in mine], [v for _, v in mine]))
+
+
+def test_paged_attention_takes_a_strided_pool_and_int32_lengths():
+    cache, keys, values = filled_cache([6, 11])
+    wide = torch.zeros(cache.key_pool.shape[0], 2, 4, 16, dtype=torch.float64)
+    wide[..., ::2] = cache.key_pool  # a pool that is a strided view
+    query = randn(2, 2, 1, 8, seed=2)
+    out = mha.paged_attention(
+        query, wide[..., ::2], cache.value_pool, cache.block_table, cache.seq_lens.int()
+    )
+    assert_close(out, sdpa_per_sequence(query, keys, values))
