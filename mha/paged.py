@@ -178,9 +178,16 @@ class PagedKVCache:
             ``(num_blocks, Hkv, block_size, D)`` and ``(num_blocks, Hkv, block_size, Dv)``
             themselves (read them through :attr:`block_table` and :attr:`seq_lens`).
         """
+        admitted = sequences is None and not self._tables  # rows this call admits
         rows = self._check_update(key, value, sequences)
         S_new = key.shape[2]
-        self._reserve(rows, S_new, key, value)
+        try:
+            self._reserve(rows, S_new, key, value)
+        except ValueError:  # out of blocks: leave the cache as it was
+            if admitted:
+                self._tables.clear()
+                self._lens.clear()
+            raise
         assert self.key_pool is not None and self.value_pool is not None  # for mypy
         if S_new:
             bs = self.block_size

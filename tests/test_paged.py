@@ -367,8 +367,10 @@ def test_paged_cache_bad_inputs():
         cache.free_sequence(5)
     with pytest.raises(ValueError, match="block_size must be positive"):
         mha.PagedKVCache(block_size=0)
+    small = mha.PagedKVCache(block_size=2, num_blocks=2)
     with pytest.raises(ValueError, match=r"out of blocks: 5 needed, num_blocks \(2\)"):
-        mha.PagedKVCache(block_size=2, num_blocks=2).update(randn(1, 1, 9, 4), randn(1, 1, 9, 4))
+        small.update(randn(1, 1, 9, 4), randn(1, 1, 9, 4))
+    assert small.seq_lens.tolist() == [] and small.block_table.shape == (0, 0)  # unchanged
     layer = mha.MultiHeadAttention(16, 2).eval()
     with pytest.raises(ValueError, match="PagedKVCache is read through paged_attention"):
         layer(torch.randn(1, 2, 16), need_weights=True, kv_cache=mha.PagedKVCache())
