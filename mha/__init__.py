@@ -8,8 +8,10 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
 * :func:`causal_mask`, :func:`padding_mask`, :func:`sliding_window_mask` — keep-masks (``mha/masks.py``)
 * :class:`MultiHeadAttention`, :class:`KVCache` — the module and its decoding cache (``mha/multihead.py``)
 * :class:`TransformerBlock` — that module in a pre-norm Transformer block, with an MLP (``mha/block.py``)
-* :class:`PreallocatedKVCache`, :class:`PagedKVCache`, :func:`flash_decoding` — caches that serve
-  and split-KV decoding (``mha/decoding.py``)
+* :class:`PreallocatedKVCache`, :func:`flash_decoding` — a cache that serves and split-KV
+  decoding (``mha/decoding.py``)
+* :class:`PagedKVCache`, :func:`paged_attention` — a pool of blocks and attention through its
+  block table (``mha/paged.py``)
 * :func:`apply_rope` — rotary position embedding, Llama's rotate-half pairing (``mha/rope.py``)
 * :func:`yarn_frequencies` — YaRN's RoPE speeds for a longer context (``mha/rope.py``)
 * :func:`rms_norm`, :class:`RMSNorm` — RMSNorm, e.g. on each head's queries and keys (``mha/norms.py``)
@@ -37,7 +39,7 @@ import importlib
 
 from .attention import scaled_dot_product_attention, softmax
 from .block import TransformerBlock
-from .decoding import PagedKVCache, PreallocatedKVCache, flash_decoding, merge_partials
+from .decoding import PreallocatedKVCache, flash_decoding, merge_partials
 from .flash import flash_attention, online_softmax_update, tile_schedule
 from .kv_memory import AttentionConfig, kv_cache_bytes
 from .lab import MODULES as _LAB_MODULES
@@ -48,6 +50,7 @@ from .mla import LatentCache, MultiHeadLatentAttention
 from .models import from_hf
 from .multihead import KVCache, MultiHeadAttention
 from .norms import RMSNorm, rms_norm
+from .paged import PagedKVCache, paged_attention
 from .rope import apply_rope, rope_frequencies, yarn_frequencies
 
 __version__ = "0.1.0"
@@ -98,6 +101,7 @@ __all__ = [
     "memory",
     "merge_partials",
     "online_softmax_update",
+    "paged_attention",
     "padding_mask",
     "rms_norm",
     "rope_frequencies",

@@ -16,6 +16,7 @@ from . import validation as validate
 from .attention import _attention
 from .flash import _flash_attention
 from .masks import _causal_mask
+from .paged import PagedKVCache, _attend_paged
 from .rope import _apply_rope
 
 BACKENDS = ("math", "sdpa", "flash", "triton")
@@ -25,7 +26,8 @@ STEPS = ("q", "k", "v", "weights", "heads", "concat", "out")  # what a step hook
 @runtime_checkable
 class KVCacheProtocol(Protocol):
     """What ``kv_cache=`` needs: :class:`KVCache` here, and the serving caches of
-    ``mha/decoding.py`` (preallocated, paged) all provide it.
+    ``mha/decoding.py`` and ``mha/paged.py`` all provide it (a :class:`mha.PagedKVCache` is
+    read through its block table instead of what ``update`` returns).
 
     ``update(key, value)`` stores this call's keys ``(B, Hkv, S_new, D)`` and values
     ``(B, Hkv, S_new, Dv)`` and returns all of them so far, ``(B, Hkv, S, D)`` and
@@ -211,6 +213,8 @@ class MultiHeadAttention(nn.Module):
                 "kv_cache must be a cache with update, __len__, nbytes and reset (e.g. "
                 f"mha.KVCache()), got {type(kv_cache).__name__}"
             )
+        if isinstance(kv_cache, PagedKVCache):
+            self._check_paged(attn_mask, need_weights, kv_cache)
         for name, t, width, proj in (
             ("query", query, self.embed_dim, self.q_proj),
             ("key", key, self.kdim, self.k_proj),
@@ -239,8 +243,31 @@ class MultiHeadAttention(nn.Module):
         if attn_mask is not None:  # with a cache, the scores also cover the cached keys
             S = key.shape[1] + (0 if kv_cache is None else len(kv_cache))
             validate.attn_mask(attn_mask, (query.shape[0], self.num_heads, query.shape[1], S))
-        if not need_weights:  # (with need_weights every backend uses the math path)
+        if not need_weights and not isinstance(kv_cache, PagedKVCache):
+            # (with need_weights every backend uses the math path; a paged cache its own)
             self._check_backend(query, attn_mask, is_causal, kv_cache)
+
+    def _check_paged(
+        self, attn_mask: Tensor | None, need_weights: bool, kv_cache: PagedKVCache
+    ) -> None:
+        """What attention through a paged cache's block table cannot do."""
+        if attn_mask is not None or need_weights:
+            raise ValueError(
+                "a PagedKVCache is read through paged_attention, which takes no attn_mask and "
+                f"returns no weights; got attn_mask {None if attn_mask is None else tuple(attn_mask.shape)} "
+                f"and need_weights={need_weights} (use is_causal, or mha.KVCache)"
+            )
+        if self.training and self.dropout:
+            raise ValueError(
+                f"a PagedKVCache serves inference: call .eval() first (dropout {self.dropout} "
+                "in training mode)"
+            )
+        lengths = set(kv_cache.seq_lens.tolist())
+        if self.rope and len(lengths) > 1:
+            raise ValueError(
+                "rope=True continues the positions after len(kv_cache), which needs sequences "
+                f"of one length; the PagedKVCache holds {sorted(lengths)}"
+            )
 
     def _check_backend(
         self,
@@ -323,9 +350,15 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self._project(query, key, value)  # (B, H, L, D), (B, Hkv, S, D), (B, Hkv, S, D)
         self._report(q=q, k=k, v=v)  # to the step hooks, if any
         q, k = self._rotate(q, k, kv_cache)  # RoPE, if on: positions go on after the cache
-        if kv_cache is not None:
-            k, v, attn_mask, is_causal = self._use_cache(kv_cache, q, k, v, attn_mask, is_causal)
-        out, weights = self._attend(q, k, v, attn_mask, is_causal, need_weights)  # (B, H, L, D)
+        if isinstance(kv_cache, PagedKVCache):  # read through the block table, never gathered
+            scale = 1.0 / math.sqrt(self.head_dim)
+            out, weights = _attend_paged(kv_cache, q, k, v, is_causal, scale), None  # (B, H, L, D)
+        else:
+            if kv_cache is not None:
+                k, v, attn_mask, is_causal = self._use_cache(
+                    kv_cache, q, k, v, attn_mask, is_causal
+                )
+            out, weights = self._attend(q, k, v, attn_mask, is_causal, need_weights)  # (B, H, L, D)
         self._report(weights=weights, heads=out)
         return self._merge(out), weights
 

@@ -364,3 +364,63 @@ def partials(out: Any, lse: Any) -> None:
         )
     if out.device != lse.device:
         raise ValueError(f"out and lse must be on one device, got {out.device} and {lse.device}")
+
+
+def paged(
+    query: Any, key_pool: Any, value_pool: Any, block_table: Any, seq_lens: Any
+) -> tuple[int, int]:
+    """The arguments of :func:`mha.paged_attention`; returns ``(groups, block_size)``.
+
+    Shapes:
+        query ``(B, H, L, D)``, pools ``(N, Hkv, block_size, D)`` and ``(N, Hkv, block_size, Dv)``,
+        block_table ``(B, M)`` of block numbers in ``[0, N)`` (``-1`` past a sequence's blocks),
+        seq_lens ``(B,)`` with ``0 <= seq_lens[b] <= M · block_size``.
+    """
+    tensor("query", query, floating=True, ndim=4, layout="(B, H, L, D)")
+    tensor("key_pool", key_pool, floating=True, ndim=4, layout="(N, Hkv, block_size, D)")
+    tensor("value_pool", value_pool, floating=True, ndim=4, layout="(N, Hkv, block_size, Dv)")
+    integer_tensor("block_table", block_table, ndim=2)
+    integer_tensor("seq_lens", seq_lens, ndim=1)
+    if len({query.dtype, key_pool.dtype, value_pool.dtype}) > 1:
+        raise TypeError(
+            f"query, key_pool and value_pool must have one dtype, got {query.dtype}, "
+            f"{key_pool.dtype} and {value_pool.dtype}"
+        )
+    tensors = (query, key_pool, value_pool, block_table, seq_lens)
+    if len({t.device for t in tensors}) > 1:
+        raise ValueError(
+            "query, key_pool, value_pool, block_table and seq_lens must be on one device, got "
+            + ", ".join(str(t.device) for t in tensors)
+        )
+    (B, H, _, D), (N, Hkv, bs, Dk) = query.shape, key_pool.shape
+    if shape(key_pool)[:3] != shape(value_pool)[:3] or D != Dk:
+        raise ValueError(
+            f"key_pool must be (N, Hkv, block_size, D) with query's D and value_pool's "
+            f"(N, Hkv, block_size), got query {shape(query)}, key_pool {shape(key_pool)} and "
+            f"value_pool {shape(value_pool)}"
+        )
+    if Hkv == 0 or H % Hkv:
+        raise ValueError(
+            f"query heads ({H}) must be a multiple of the pools' key/value heads ({Hkv}), got "
+            f"query {shape(query)} and key_pool {shape(key_pool)}"
+        )
+    if block_table.shape[0] != B or seq_lens.shape[0] != B:
+        raise ValueError(
+            f"block_table (B, M) and seq_lens (B,) need query's batch B = {B}, got block_table "
+            f"{shape(block_table)} and seq_lens {shape(seq_lens)}"
+        )
+    capacity = block_table.shape[1] * bs
+    if B and (seq_lens.min() < 0 or seq_lens.max() > capacity):
+        raise ValueError(
+            f"seq_lens must be in [0, {capacity}] (block_table's {block_table.shape[1]} columns "
+            f"of block_size {bs}), got {seq_lens.tolist()}"
+        )
+    used = torch.arange(block_table.shape[1], device=seq_lens.device) * bs < seq_lens[:, None]
+    blocks = block_table[used]  # the entries that the sequences' tokens live in
+    if blocks.numel() and (blocks.min() < 0 or blocks.max() >= N):
+        raise ValueError(
+            f"block_table must hold block numbers in [0, {N}) (key_pool {shape(key_pool)}) "
+            f"wherever seq_lens reaches, got values from {blocks.min().item()} to "
+            f"{blocks.max().item()}"
+        )
+    return H // Hkv, bs

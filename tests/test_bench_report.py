@@ -27,8 +27,10 @@ NEEDLES = (
     "decode step q/k/v projection and head split / three nn.Linear time, B=1 L=1 E=1024",
     "decode step with GQA (H=8, Hkv=2) / without GQA time, cache 64, E=512",
     "decode attention, grouped / repeated key-value heads time, Hkv=2 cache 64 E=1024",
+    "PagedKVCache update (and truncate) at 256 / at 16 cached tokens",
+    "paged_attention / SDPA over a contiguous cache time, B=2 H=8 Hkv=2 D=64 S=256",
 )
-N_CHECKS = 20
+N_CHECKS = 22
 
 
 def test_check_pass_fail_and_text():

@@ -344,6 +344,75 @@ def decode_step(dev: torch.device, g: torch.Generator, quick: bool, run_time: fl
     return [c for E in (512, 1024) for c in _decode_width(E, dev, g, quick, run_time)]
 
 
+def _paged_update_time(
+    S: int, dev: torch.device, g: torch.Generator, run_time: float
+) -> Callable[[], object]:
+    """A decode step's write into a paged cache holding ``S`` positions per sequence; each call
+    writes one token per sequence, then drops it again (``truncate``), so ``S`` stays put."""
+    B, Hkv, D = 8, 2, 64
+    cache = mha.PagedKVCache(block_size=16)
+    cache.update(_randn((B, Hkv, S, D), dev, g), _randn((B, Hkv, S, D), dev, g))
+    k, v = _randn((B, Hkv, 1, D), dev, g), _randn((B, Hkv, 1, D), dev, g)
+
+    def step() -> None:
+        cache.update(k, v)
+        for b in range(B):
+            cache.truncate(b, S)
+
+    return step
+
+
+def serving(dev: torch.device, g: torch.Generator, quick: bool, run_time: float) -> list[Check]:
+    """The paged cache (chapter 9.1): an update costs the same at any length; a decode step
+    through ``paged_attention`` against torch's SDPA over a contiguous cache."""
+    short, long = (16, 256) if quick else (256, 4096)
+    pairs = 3 if quick else 7
+    ratio, t_long, t_short = paired_ratio(
+        _paged_update_time(long, dev, g, run_time),
+        _paged_update_time(short, dev, g, run_time),
+        pairs=pairs,
+        min_run_time=run_time,
+    )
+    checks = [
+        Check(
+            f"PagedKVCache update (and truncate) at {long} / at {short} cached tokens, B=8 Hkv=2 D=64",
+            ratio,
+            1.2,
+            True,
+            _times(f"at {long}", t_long, f"at {short}", t_short),
+        )
+    ]
+    B, H, Hkv, D, S = (2, 8, 2, 64, 256) if quick else (8, 8, 2, 64, 2048)
+    k, v = _randn((B, Hkv, S, D), dev, g), _randn((B, Hkv, S, D), dev, g)
+    q = _randn((B, H, 1, D), dev, g)
+    cache = mha.PagedKVCache(block_size=16)
+    cache.update(k, v)
+    args = (q, cache.key_pool, cache.value_pool, cache.block_table, cache.seq_lens)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            mha.paged_attention(*args),
+            F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+            atol=1e-5,
+            rtol=1e-4,
+        )
+        ratio, t_paged, t_sdpa = paired_ratio(
+            lambda: mha.paged_attention(*args),
+            lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+            pairs=pairs,
+            min_run_time=run_time,
+        )
+    checks.append(
+        Check(
+            f"paged_attention / SDPA over a contiguous cache time, B={B} H={H} Hkv={Hkv} D={D} S={S}",
+            ratio,
+            1.5,
+            True,
+            _times("paged", t_paged, "SDPA", t_sdpa),
+        )
+    )
+    return checks
+
+
 def run_report(
     *,
     quick: bool = False,
@@ -361,6 +430,7 @@ def run_report(
         lambda: reference_overhead(dev, g, quick, run_time),
         lambda: low_precision(dev, g, quick),
         lambda: decode_step(dev, g, quick, run_time),
+        lambda: serving(dev, g, quick, run_time),
     ]
     for section in sections:
         for check in section():

@@ -189,7 +189,8 @@ _HINT_LOOKUP = (
 def _slot_by_paged_cache(block_table: list[list[int]], block_size: int, seq: int, t: int) -> int:
     """Read the slot from a PagedKVCache whose table is replaced by the given one."""
     cache = mha.PagedKVCache(block_size=block_size)
-    cache.block_table, cache.length = block_table, len(block_table[0]) * block_size
+    cache._tables = [list(row) for row in block_table]
+    cache._lens = [len(row) * block_size for row in block_table]
     return cache.slot(seq, t)
 
 
