@@ -9,6 +9,8 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
 * :class:`MultiHeadAttention`, :class:`KVCache` — the module and its decoding cache (``mha/multihead.py``)
 * :class:`PreallocatedKVCache`, :class:`PagedKVCache`, :func:`flash_decoding` — caches that serve
   and split-KV decoding (``mha/decoding.py``)
+* :func:`ring_attention`, :class:`TensorParallelAttention` — attention across processes on
+  ``torch.distributed`` (``mha/distributed.py``)
 * :func:`apply_rope` — rotary position embedding, Llama's rotate-half pairing (``mha/rope.py``)
 * :class:`MultiHeadLatentAttention`, :class:`LatentCache` — DeepSeek's latent attention (``mha/mla.py``)
 * :func:`kv_cache_bytes`, :class:`AttentionConfig` — KV-cache memory of real models (``mha/kv_memory.py``)
@@ -20,7 +22,7 @@ Two folders build on that code, and nothing in it imports them:
 
 * ``mha/lab/`` — the instruments that measure and draw: :mod:`mha.timing`, :mod:`mha.memory`,
   :mod:`mha.bench`, :mod:`mha.fit`, :mod:`mha.claims`, :mod:`mha.hardware`, :mod:`mha.viz`,
-  :mod:`mha.charts`, :mod:`mha.figures` (each is ``mha.lab.<name>``, see :mod:`mha.lab`), and
+  :mod:`mha.charts`, :mod:`mha.figures`, :mod:`mha.processes` (each is ``mha.lab.<name>``, see :mod:`mha.lab`), and
   :func:`expect_error`, which shows a deliberate error in a notebook without stopping it;
 * ``mha/exercises/`` — :mod:`mha.exercises`, the checkers of your answers to the exercises.
 
@@ -32,6 +34,7 @@ import importlib
 
 from .attention import scaled_dot_product_attention, softmax
 from .decoding import PagedKVCache, PreallocatedKVCache, flash_decoding, merge_partials
+from .distributed import TensorParallelAttention, count_traffic, ring_attention
 from .flash import flash_attention, online_softmax_update, tile_schedule
 from .kv_memory import AttentionConfig, kv_cache_bytes
 from .lab import MODULES as _LAB_MODULES
@@ -67,12 +70,14 @@ __all__ = [
     "MultiHeadLatentAttention",
     "PagedKVCache",
     "PreallocatedKVCache",
+    "TensorParallelAttention",
     "apply_rope",
     "bench",
     "causal_mask",
     "causal_mask_bottom_right",
     "charts",
     "claims",
+    "count_traffic",
     "demo",
     "exercises",
     "expect_error",
@@ -88,6 +93,8 @@ __all__ = [
     "merge_partials",
     "online_softmax_update",
     "padding_mask",
+    "processes",
+    "ring_attention",
     "rope_frequencies",
     "scaled_dot_product_attention",
     "sliding_window_mask",
