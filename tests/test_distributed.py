@@ -49,8 +49,8 @@ def _torch_mha() -> tuple[nn.MultiheadAttention, torch.Tensor]:
     return module, x
 
 
-def _gqa_module() -> tuple[dict, dict]:
-    config = {"embed_dim": E, "num_heads": H, "num_kv_heads": HKV}
+def _gqa_module(rope: bool = False) -> tuple[dict, dict]:
+    config = {"embed_dim": E, "num_heads": H, "num_kv_heads": HKV, "rope": rope}
     torch.manual_seed(2)
     return config, mha.MultiHeadAttention(**config).state_dict()
 
@@ -65,6 +65,8 @@ def _jobs(world: int) -> list:
     ]
     gqa_config, gqa_state = _gqa_module()
     jobs.append((processes.tensor_parallel_job, (gqa_state, gqa_config, x, True)))
+    rope_config, rope_state = _gqa_module(rope=True)
+    jobs.append((processes.tensor_parallel_job, (rope_state, rope_config, x, True)))
     q, k, v = (t[..., : L // world, :] for t in _inputs(False))
     jobs.append(
         (processes.error_job, (mha.ring_attention, (q, k[..., :-1, :], v[..., :-1, :]), {}))
@@ -137,28 +139,41 @@ def test_tensor_parallel_heads_equal_torch_multihead_attention(run):
         assert params == (E + 1) * D * (H // world + 2 * kv_heads) + E * E // world + E
 
 
-def test_tensor_parallel_grouped_heads_equal_torch_linear_and_sdpa(run):
+def _rotate_half(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Llama's RoPE written with torch operators: pairs (i, i + D/2) rotated by position · θ_i."""
+    L, D = x.shape[-2:]
+    theta = base ** (-torch.arange(0, D, 2, dtype=torch.float32) / D)  # (D/2,)
+    angle = torch.arange(L, dtype=torch.float32)[:, None] * theta  # (L, D/2)
+    cos, sin = angle.cos().repeat(1, 2), angle.sin().repeat(1, 2)  # (L, D)
+    x1, x2 = x[..., : D // 2], x[..., D // 2 :]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+@pytest.mark.parametrize("rope", [False, True], ids=["gqa", "gqa-rope"])
+def test_tensor_parallel_grouped_heads_equal_torch_linear_and_sdpa(run, rope):
     world, results = run
     _, x = _torch_mha()
-    config, state = _gqa_module()
+    config, state = _gqa_module(rope=rope)
     q = F.linear(x, state["q_proj.weight"], state["q_proj.bias"]).view(B, L, H, D).transpose(1, 2)
     k = F.linear(x, state["k_proj.weight"], state["k_proj.bias"]).view(B, L, HKV, D).transpose(1, 2)
     v = F.linear(x, state["v_proj.weight"], state["v_proj.bias"]).view(B, L, HKV, D).transpose(1, 2)
+    if rope:
+        q, k = _rotate_half(q), _rotate_half(k)
     heads = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # (B, H, L, D)
     expected = F.linear(
         heads.transpose(1, 2).reshape(B, L, E), state["out_proj.weight"], state["out_proj.bias"]
     )
-    for out, _, _ in results[len(CASES) + 2]:
+    for out, _, _ in results[len(CASES) + 2 + rope]:
         torch.testing.assert_close(out, expected)
 
 
 def test_bad_shards_and_head_counts_are_clear_errors(run):
     world, results = run
-    for message in results[len(CASES) + 3]:
+    for message in results[len(CASES) + 4]:
         assert message.startswith("ValueError: query and key shards must hold the same tokens"), (
             message
         )
-    for message in results[len(CASES) + 4]:
+    for message in results[len(CASES) + 5]:
         assert message.startswith(
             f"ValueError: num_heads ({world + 1}) must be divisible by the world size ({world})"
         )

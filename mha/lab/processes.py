@@ -152,15 +152,15 @@ def _logs(folder: str, world_size: int) -> str:
 
 
 def _collect(folder: str, world_size: int, n_jobs: int) -> Results:
-    """Read every rank's results; raise the first failure's traceback (ranks that were
-    stopped because another failed have no result)."""
+    """Read every rank's results; raise the failures' tracebacks, the first one first (a rank
+    that fails can make the others fail in turn; ranks stopped by the launcher have no result)."""
     paths = [Path(folder) / f"rank{rank}.pt" for rank in range(world_size)]
     loaded = [torch.load(p, weights_only=False) if p.exists() else None for p in paths]
-    for rank, result in enumerate(loaded):
-        if result is not None and "error" in result:
-            raise RuntimeError(
-                f"rank {rank} failed:\n{result['error']}\n{_logs(folder, world_size)}"
-            )
+    errors = {r: result["error"] for r, result in enumerate(loaded) if result and "error" in result}
+    if errors:
+        order = sorted(errors, key=lambda r: paths[r].stat().st_mtime_ns)  # as they failed
+        report = "\n".join(f"rank {r} failed:\n{errors[r]}" for r in order)
+        raise RuntimeError(f"{report}\n{_logs(folder, world_size)}")
     if any(result is None for result in loaded):
         raise RuntimeError(f"a process ended without a result\n{_logs(folder, world_size)}")
     per_rank = [result["values"] for result in loaded if result is not None]
