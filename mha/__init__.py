@@ -12,6 +12,8 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
   decoding (``mha/decoding.py``)
 * :class:`PagedKVCache`, :func:`paged_attention` — a pool of blocks and attention through its
   block table (``mha/paged.py``)
+* :func:`ring_attention`, :class:`TensorParallelAttention` — attention across processes on
+  ``torch.distributed`` (``mha/distributed.py``)
 * :func:`apply_rope` — rotary position embedding, Llama's rotate-half pairing (``mha/rope.py``)
 * :func:`yarn_frequencies` — YaRN's RoPE speeds for a longer context (``mha/rope.py``)
 * :func:`rms_norm`, :class:`RMSNorm` — RMSNorm, e.g. on each head's queries and keys (``mha/norms.py``)
@@ -27,7 +29,7 @@ Two folders build on that code, and nothing in it imports them:
 
 * ``mha/lab/`` — the instruments that measure and draw: :mod:`mha.timing`, :mod:`mha.memory`,
   :mod:`mha.bench`, :mod:`mha.fit`, :mod:`mha.claims`, :mod:`mha.hardware`, :mod:`mha.viz`,
-  :mod:`mha.charts`, :mod:`mha.figures` (each is ``mha.lab.<name>``, see :mod:`mha.lab`), and
+  :mod:`mha.charts`, :mod:`mha.figures`, :mod:`mha.processes` (each is ``mha.lab.<name>``, see :mod:`mha.lab`), and
   :func:`expect_error`, which shows a deliberate error in a notebook without stopping it;
 * ``mha/exercises/`` — :mod:`mha.exercises`, the checkers of your answers to the exercises.
 
@@ -40,6 +42,7 @@ import importlib
 from .attention import scaled_dot_product_attention, softmax
 from .block import TransformerBlock
 from .decoding import PreallocatedKVCache, flash_decoding, merge_partials
+from .distributed import TensorParallelAttention, count_traffic, ring_attention
 from .flash import flash_attention, online_softmax_update, tile_schedule
 from .kv_memory import AttentionConfig, kv_cache_bytes
 from .lab import MODULES as _LAB_MODULES
@@ -79,6 +82,7 @@ __all__ = [
     "PagedKVCache",
     "PreallocatedKVCache",
     "RMSNorm",
+    "TensorParallelAttention",
     "TransformerBlock",
     "apply_rope",
     "bench",
@@ -86,6 +90,7 @@ __all__ = [
     "causal_mask_bottom_right",
     "charts",
     "claims",
+    "count_traffic",
     "demo",
     "exercises",
     "expect_error",
@@ -101,8 +106,10 @@ __all__ = [
     "memory",
     "merge_partials",
     "online_softmax_update",
-    "paged_attention",
     "padding_mask",
+    "paged_attention",
+    "processes",
+    "ring_attention",
     "rms_norm",
     "rope_frequencies",
     "scaled_dot_product_attention",

@@ -1,6 +1,6 @@
 """The exercise checkers, tested from their declarations.
 
-Generated for every exercise of :data:`mha.exercises.EXERCISES` (chapters 1-8): it declares at
+Generated for every exercise of :data:`mha.exercises.EXERCISES` (chapters 1-9): it declares at
 least two correct variants, each passes with the success line the notebooks store, every declared
 mistake fails with its own hint, and the notebook's stub prints "not attempted yet" without
 raising; the checkers the chapters' solutions call are exactly the declared ones. The harness's

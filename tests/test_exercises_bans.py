@@ -233,6 +233,21 @@ EVASIONS = [
         "without mha.merge_partials",
     ),
     (
+        "check_ring_simulation",
+        "an SDPA alias for the whole sequence, before the check",
+        lambda q, k, v, world: sdpa_alias(q, k, v, is_causal=True),
+        "write each block's attention and the merge yourself",
+    ),
+    (
+        "check_ring_simulation",
+        "from mha import merge_partials, over the ranks' blocks",
+        lambda q, k, v, world: merge_partials(
+            torch.stack([sdpa_alias(q, k, v, is_causal=True)]),
+            torch.zeros(1, *q.shape[:-1], dtype=q.dtype),
+        )[0],
+        "write each block's attention and the merge yourself",
+    ),
+    (
         "check_cache_bytes",
         "from mha.kv_memory import kv_cache_bytes, before the check",
         lambda config, seq_len, nbytes: cache_bytes_alias(

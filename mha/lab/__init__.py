@@ -12,7 +12,8 @@ here only observes it:
 * :mod:`~mha.lab.viz` — pictures of matrices: weight heatmaps, keep-masks, tiles;
 * :mod:`~mha.lab.charts` — pictures of measurements: log-log curves, ratios, bars;
 * :mod:`~mha.lab.figures` — the book's one-off diagrams (the layer, the head split, the roofline);
-* :mod:`~mha.lab.demo` — show a deliberate error in a notebook without stopping it.
+* :mod:`~mha.lab.demo` — show a deliberate error in a notebook without stopping it;
+* :mod:`~mha.lab.processes` — start local processes in a gloo group and run jobs in them.
 
 Dependencies run one way: the lab imports the attention code (``mha.*``), never the reverse, and
 ``mha.exercises`` builds on both. Every module is also reachable as ``mha.<name>`` (``mha.bench``,
@@ -32,4 +33,5 @@ MODULES = (
     "charts",
     "figures",
     "demo",
+    "processes",
 )
