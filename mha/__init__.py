@@ -12,6 +12,8 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
 * :func:`apply_rope` — rotary position embedding, Llama's rotate-half pairing (``mha/rope.py``)
 * :class:`MultiHeadLatentAttention`, :class:`LatentCache` — DeepSeek's latent attention (``mha/mla.py``)
 * :func:`kv_cache_bytes`, :class:`AttentionConfig` — KV-cache memory of real models (``mha/kv_memory.py``)
+* :func:`from_hf` — an attention layer of a 2026 open model from its Hugging Face config and weights
+  (``mha/models/``: DeepSeek's MLA in ``deepseek_v3.py``)
 * :mod:`mha.flex` — the course's masks as FlexAttention ``mask_mod``/``score_mod`` functions
 * :mod:`mha.validation` — the argument checks every public function shares
 * :func:`mha.device.capabilities` — the dtypes and kernels to use on a device (``mha/device.py``)
@@ -39,6 +41,7 @@ from .lab.demo import expect_error
 from .linear_attention import linear_attention
 from .masks import causal_mask, causal_mask_bottom_right, padding_mask, sliding_window_mask
 from .mla import LatentCache, MultiHeadLatentAttention
+from .models import from_hf
 from .multihead import KVCache, MultiHeadAttention
 from .rope import apply_rope, rope_frequencies
 
@@ -81,6 +84,7 @@ __all__ = [
     "flash_attention",
     "flash_decoding",
     "flex",
+    "from_hf",
     "hardware",
     "kv_cache_bytes",
     "linear_attention",
