@@ -20,6 +20,7 @@ from mha.models.deepseek_v3 import (
     MLACache,
     YaRN,
     absorbed_decode_cost,
+    hf_reference,
     rope_speeds,
     yarn_mscale,
 )
@@ -170,3 +171,16 @@ def test_bad_inputs_raise():
         module(x, torch.arange(x.shape[1]).float())
     with pytest.raises(TypeError, match="MLACache"):
         module(x, cache=mha.KVCache())
+
+
+def test_package_data_reference_equals_hugging_face():
+    # the small layer section 10.3 loads (package data: Colab has no tests/ folder)
+    ref = hf_reference()
+    module = from_hf("deepseek_v3", ref["config"], ref["state_dict"])
+    assert ref["config"]["q_lora_rank"] and ref["config"]["rope_interleave"]
+    assert ref["config"]["rope_parameters"]["rope_type"] == "yarn"
+    with torch.no_grad():
+        assert_close(module(ref["x"], ref["positions"]), ref["out"], atol=2e-5, rtol=1e-4)
+        assert_close(
+            module(ref["x"], ref["positions"], absorbed=True), ref["out"], atol=2e-5, rtol=1e-4
+        )

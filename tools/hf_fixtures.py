@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "hf"
+REPO = Path(__file__).resolve().parent.parent
+OUT = REPO / "tests" / "fixtures" / "hf"
 
 
 def _save(name: str, config, module: torch.nn.Module, **arrays) -> None:
@@ -35,7 +36,23 @@ def _save(name: str, config, module: torch.nn.Module, **arrays) -> None:
         data[key] = value.detach().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
     path = OUT / f"{name}.npz"
     np.savez_compressed(path, **data)
-    print(f"{path.relative_to(OUT.parent.parent.parent)}: {path.stat().st_size / 1024:.1f} KiB")
+    print(f"{path.relative_to(REPO)}: {path.stat().st_size / 1024:.1f} KiB")
+
+
+def _save_json(path: Path, config, module: torch.nn.Module, **arrays) -> None:
+    """The same content as :func:`_save` as JSON (float32 values, 9 significant digits: exact),
+    for a case small enough to ship inside the package, where a chapter on Colab can read it."""
+
+    def listed(t: torch.Tensor):
+        return np.vectorize(lambda v: float(f"{v:.9g}"))(t.detach().numpy()).tolist()
+
+    data = {
+        "config": config.to_dict(),
+        "state_dict": {k: listed(v) for k, v in module.state_dict().items()},
+        **{k: listed(v) if isinstance(v, torch.Tensor) else v for k, v in arrays.items()},
+    }
+    path.write_text(json.dumps(data, default=str, separators=(",", ":")) + "\n")
+    print(f"{path.relative_to(REPO)}: {path.stat().st_size / 1024:.1f} KiB")
 
 
 def _additive_causal(B: int, L: int, S: int) -> torch.Tensor:
@@ -159,6 +176,42 @@ def make_deepseek_v3() -> None:
         )
 
 
+def make_deepseek_v3_chapter() -> None:
+    """A smaller V3-style layer (q LoRA, interleaved rope, YaRN) shipped as package data,
+    ``mha/models/deepseek_v3_hf.json``, for section 10.3 (which cannot read tests/ on Colab)."""
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+        DeepseekV3Attention,
+        DeepseekV3RotaryEmbedding,
+    )
+
+    gen = torch.Generator().manual_seed(103)
+    case = dict(_DEEPSEEK_CASES["qlora_interleave_yarn"])
+    tiny = dict(hidden_size=16, num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=8)
+    tiny |= dict(qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4, q_lora_rank=8)
+    config = DeepseekV3Config(
+        **(_DEEPSEEK_TINY | tiny),
+        **{k: v for k, v in case.items() if k not in ("offset", "q_lora_rank")},
+    )
+    config._attn_implementation = "eager"
+    attn = DeepseekV3Attention(config, layer_idx=0).eval()
+    _randomise(attn, gen)
+    rope = DeepseekV3RotaryEmbedding(config)
+    B, L = 1, 6
+    x = torch.randn(B, L, config.hidden_size, generator=gen)
+    positions = torch.arange(L) + case["offset"]
+    with torch.no_grad():
+        out, _ = attn(x, rope(x, positions.expand(B, L)), _additive_causal(B, L, L))
+    _save_json(
+        REPO / "mha" / "models" / "deepseek_v3_hf.json",
+        config,
+        attn,
+        x=x,
+        positions=positions.tolist(),
+        out=out,
+    )
+
+
 def make_deepseek_v32() -> None:
     """DeepSeek-V3.2's attention: MLA whose keys the lightning indexer thins to the top k."""
     from transformers import DeepseekV32Config
@@ -197,6 +250,7 @@ def make_deepseek_v32() -> None:
 
 FAMILIES: dict[str, Callable[[], None]] = {
     "deepseek_v3": make_deepseek_v3,
+    "deepseek_v3_chapter": make_deepseek_v3_chapter,
     "deepseek_v32": make_deepseek_v32,
 }
 

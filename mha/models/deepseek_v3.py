@@ -24,9 +24,11 @@ which is what :func:`rotate` does (queries and keys are permuted alike, so score
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any, cast
 
 import numpy as np
@@ -493,3 +495,19 @@ def load_weights(module: nn.Module, state_dict: Mapping[str, Any]) -> None:
     with torch.no_grad():
         for k, v in own.items():
             v.copy_(weights[k].to(v.dtype))
+
+
+def hf_reference() -> dict[str, Any]:
+    """A small DeepSeek-V3-style layer as Hugging Face ran it: package data for the chapter.
+
+    ``tools/hf_fixtures.py`` built it from transformers' ``DeepseekV3Attention`` (q LoRA,
+    interleaved rope, YaRN, eager attention) and stored, as JSON: ``config`` (its
+    ``to_dict()``), the module's ``state_dict`` (its own keys), the input ``x`` ``(1, 6, 16)``,
+    its ``positions`` and HF's output ``out``. Tensors come back as float32 tensors.
+    """
+    text = resources.files(__package__).joinpath("deepseek_v3_hf.json").read_text()
+    data = json.loads(text)
+    data["state_dict"] = {k: torch.tensor(v) for k, v in data["state_dict"].items()}
+    for key in ("x", "out", "positions"):
+        data[key] = torch.tensor(data[key])
+    return cast(dict[str, Any], data)
