@@ -12,6 +12,8 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
 * :func:`apply_rope` — rotary position embedding, Llama's rotate-half pairing (``mha/rope.py``)
 * :class:`MultiHeadLatentAttention`, :class:`LatentCache` — DeepSeek's latent attention (``mha/mla.py``)
 * :func:`kv_cache_bytes`, :class:`AttentionConfig` — KV-cache memory of real models (``mha/kv_memory.py``)
+* :func:`topk_sparse_attention`, :func:`topk_keep_mask` — DeepSeek's top-k sparse attention
+  (``mha/sparse.py``)
 * :func:`from_hf` — an attention layer of a 2026 open model from its Hugging Face config and weights
   (``mha/models/``: DeepSeek's MLA in ``deepseek_v3.py``)
 * :mod:`mha.flex` — the course's masks as FlexAttention ``mask_mod``/``score_mod`` functions
@@ -44,6 +46,7 @@ from .mla import LatentCache, MultiHeadLatentAttention
 from .models import from_hf
 from .multihead import KVCache, MultiHeadAttention
 from .rope import apply_rope, rope_frequencies
+from .sparse import topk_keep_mask, topk_sparse_attention
 
 __version__ = "0.1.0"
 
@@ -97,6 +100,8 @@ __all__ = [
     "sliding_window_mask",
     "softmax",
     "tile_schedule",
+    "topk_keep_mask",
+    "topk_sparse_attention",
     "timing",
     "viz",
 ]

@@ -16,6 +16,7 @@ from torch import nn
 # builds it
 FAMILIES: dict[str, str] = {
     "deepseek_v3": ".deepseek_v3",
+    "deepseek_v32": ".deepseek_v32",  # V3's MLA plus the lightning indexer's top-k selection
 }
 
 
