@@ -11,6 +11,7 @@ does and what a kernel must do to profit (the keep-mask form still computes ever
 
 from __future__ import annotations
 
+import math
 from typing import cast
 
 import torch
@@ -119,15 +120,18 @@ def _topk_sparse(
     Shapes:
         as :func:`topk_sparse_attention`; ``k = min(topk, S)`` keys per query.
     """
-    lead = (1,) * (query.dim() - index_scores.dim())  # e.g. (L, S) scores for (B, H, L, D)
-    index_scores = index_scores.view(*lead, *index_scores.shape)  # same number of dims as query
+    ones = (1,) * (query.dim() - index_scores.dim())  # e.g. (L, S) scores for (B, H, L, D)
+    index_scores = index_scores.view(*ones, *index_scores.shape)  # same number of dims as query
     idx, valid = _select(index_scores, topk, is_causal)  # (..., L, k): shared by broadcast dims
     dtype = query.dtype
     q = query.float() if dtype in validate.LOW_PRECISION else query
-    k_all = key.to(q.dtype).unsqueeze(-3)  # (..., 1, S, D): one copy for every query (a view)
-    v_all = value.to(q.dtype).unsqueeze(-3)  # (..., 1, S, Dv)
-    k_sel = torch.take_along_dim(k_all, idx.unsqueeze(-1), dim=-2)  # (..., L, k, D): gathered
-    v_sel = torch.take_along_dim(v_all, idx.unsqueeze(-1), dim=-2)  # (..., L, k, Dv)
+    *lead, L, k = idx.expand(*query.shape[:-2], -1, -1).shape  # the kept keys of every row
+    S = key.shape[-2]
+    rows = torch.arange(math.prod(lead), device=q.device).view(-1, 1, 1)  # (N, 1, 1)
+    picks = idx.expand(*lead, L, k).reshape(-1, L, k)  # (N, L, k), N = prod(lead)
+    k_sel = key.to(q.dtype).reshape(-1, S, key.shape[-1])[rows, picks]  # (N, L, k, D): gathered
+    v_sel = value.to(q.dtype).reshape(-1, S, value.shape[-1])[rows, picks]  # (N, L, k, Dv)
+    k_sel, v_sel = k_sel.view(*lead, L, k, -1), v_sel.view(*lead, L, k, -1)  # (..., L, k, ·)
     scores = (k_sel @ (q * scale).unsqueeze(-1)).squeeze(-1)  # (..., L, k): q · each kept key
     scores = scores.masked_fill(~valid, float("-inf"))  # hidden keys topk had to fill in
     weights = softmax(scores, dim=-1)  # (..., L, k); a row with no key gives zeros

@@ -1,9 +1,9 @@
 """Chapter 10, attention in 2026's open models: the exercises, one module per section, each its
 exercises as data for :mod:`.._harness`."""
 
-from . import mla
+from . import mla, sparse
 
-SECTIONS = (mla,)
+SECTIONS = (mla, sparse)
 #: The chapter's exercises in section order.
 EXERCISES = tuple(ex for section in SECTIONS for ex in section.EXERCISES)
 for _section in SECTIONS:
