@@ -48,7 +48,10 @@ sys.path.insert(0, str(REPO / "tools"))
 from fold_solutions import solution_ranges  # noqa: E402 (tools/ joins the path first)
 
 BY_NAME = {ex.name: ex for ex in EXERCISES}
-CHAPTER_NOTEBOOKS = sorted((REPO / "chapters").glob("0[1-8]_*.ipynb"))
+# Every chapter and section but the appendix (measured results, no exercises).
+CHAPTER_NOTEBOOKS = sorted(
+    p for p in (REPO / "chapters").glob("[0-9][0-9]_*.ipynb") if "measured" not in p.name
+)
 
 
 def _stored_lines() -> set[str]:
