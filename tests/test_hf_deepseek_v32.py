@@ -66,3 +66,12 @@ def test_missing_config_and_weights_raise(case):
         )
     with pytest.raises(ValueError, match="q_lora_rank"):
         mha.from_hf("deepseek_v32", {**config, "q_lora_rank": None}, state)
+
+
+def test_bad_inputs_raise(case):
+    config, state, a = case
+    module = mha.from_hf("deepseek_v32", config, state)
+    with pytest.raises(ValueError, match="positions must have shape"):
+        module(a["x"], torch.arange(3))
+    with pytest.raises(ValueError, match="hidden_size"):
+        module(a["x"][..., :8])

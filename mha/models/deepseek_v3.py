@@ -282,6 +282,25 @@ class DeepSeekMLA(nn.Module):
         )
         return self.kv_a_layernorm(latent), self._rotate(k_rope, positions)  # (B, L, C), (B, L, R)
 
+    def _check(self, x: Tensor, positions: Tensor | None, start: int) -> Tensor:
+        """Check ``x`` ``(B, L, E)``; return the positions as ``(B, L)`` (default: ``start …``)."""
+        validate.tensor("x", x, floating=True, ndim=3, layout="(B, L, E)")
+        if x.shape[-1] != self.hidden_size:
+            raise ValueError(
+                f"x must have width {self.hidden_size} (hidden_size), got shape {validate.shape(x)}"
+            )
+        validate.matches_parameters("x", x, self.kv_a_proj_with_mqa.weight)
+        B, L, _ = x.shape
+        if positions is None:
+            positions = torch.arange(start, start + L, device=x.device)  # (L,)
+        positions = validate.integer_tensor("positions", positions)
+        if positions.shape not in ((L,), (B, L)):
+            raise ValueError(
+                f"positions must have shape ({L},) or ({B}, {L}) for x {validate.shape(x)}, "
+                f"got {validate.shape(positions)}"
+            )
+        return positions.to(x.device).expand(B, L)  # (B, L)
+
     def forward(
         self,
         x: Tensor,
@@ -304,26 +323,11 @@ class DeepSeekMLA(nn.Module):
         Shapes:
             x ``(B, L, E)`` -> ``(B, L, E)``.
         """
-        validate.tensor("x", x, floating=True, ndim=3, layout="(B, L, E)")
-        if x.shape[-1] != self.hidden_size:
-            raise ValueError(
-                f"x must have width {self.hidden_size} (hidden_size), got shape {validate.shape(x)}"
-            )
-        validate.matches_parameters("x", x, self.kv_a_proj_with_mqa.weight)
         validate.flag("absorbed", absorbed)
         if cache is not None and not isinstance(cache, MLACache):
             raise TypeError(f"cache must be an MLACache, got {type(cache).__name__}")
+        positions = self._check(x, positions, 0 if cache is None else len(cache))  # (B, L)
         B, L, _ = x.shape
-        start = 0 if cache is None else len(cache)
-        if positions is None:
-            positions = torch.arange(start, start + L, device=x.device)  # (L,)
-        positions = validate.integer_tensor("positions", positions)
-        if positions.shape not in ((L,), (B, L)):
-            raise ValueError(
-                f"positions must have shape ({L},) or ({B}, {L}) for x {validate.shape(x)}, "
-                f"got {validate.shape(positions)}"
-            )
-        positions = positions.to(x.device).expand(B, L)  # (B, L)
         q_nope, q_rope = self.queries(x, positions)  # (B, H, L, Dn), (B, H, L, R)
         latent, k_rope = self.compress(x, positions)  # (B, L, C), (B, L, R)
         if cache is not None:

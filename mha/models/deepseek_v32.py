@@ -107,10 +107,8 @@ class DeepSeekSparseMLA(DeepSeekMLA):
         Shapes:
             x ``(B, L, E)`` -> ``(B, L, E)`` [and index scores ``(B, L, L)``].
         """
-        validate.tensor("x", x, floating=True, ndim=3, layout="(B, L, E)")
+        pos = self._check(x, positions, 0)  # (B, L)
         B, L, _ = x.shape
-        pos = torch.arange(L, device=x.device) if positions is None else positions
-        pos = validate.integer_tensor("positions", pos).to(x.device).expand(B, L)  # (B, L)
         H, Dn, R, Dv = self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim
         q_resid = self.q_a_layernorm(self.q_a_proj(x))  # (B, L, Cq): what the indexer reads
         q = self.q_b_proj(q_resid).view(B, L, H, Dn + R).transpose(1, 2)  # (B, H, L, Dn + R)
