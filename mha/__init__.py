@@ -21,6 +21,10 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
   Face configs and weights (``mha/models/``)
 * :class:`MultiHeadLatentAttention`, :class:`LatentCache` — DeepSeek's latent attention (``mha/mla.py``)
 * :func:`kv_cache_bytes`, :class:`AttentionConfig` — KV-cache memory of real models (``mha/kv_memory.py``)
+* :func:`topk_sparse_attention`, :func:`topk_keep_mask` — DeepSeek's top-k sparse attention
+  (``mha/sparse.py``)
+* :func:`from_hf` — an attention layer of a 2026 open model from its Hugging Face config and weights
+  (``mha/models/``: DeepSeek's MLA in ``deepseek_v3.py``)
 * :mod:`mha.flex` — the course's masks as FlexAttention ``mask_mod``/``score_mod`` functions
 * :mod:`mha.validation` — the argument checks every public function shares
 * :func:`mha.device.capabilities` — the dtypes and kernels to use on a device (``mha/device.py``)
@@ -55,6 +59,7 @@ from .multihead import KVCache, MultiHeadAttention
 from .norms import RMSNorm, rms_norm
 from .paged import PagedKVCache, paged_attention
 from .rope import apply_rope, rope_frequencies, yarn_frequencies
+from .sparse import topk_keep_mask, topk_sparse_attention
 
 __version__ = "0.1.0"
 
@@ -116,6 +121,8 @@ __all__ = [
     "sliding_window_mask",
     "softmax",
     "tile_schedule",
+    "topk_keep_mask",
+    "topk_sparse_attention",
     "timing",
     "viz",
     "yarn_frequencies",

@@ -23,7 +23,9 @@ between ``q_h`` and ``c_j`` now depends on the positions and can no longer be ab
 query projection. DeepSeek-V2 therefore leaves the compressed keys without RoPE and adds a small
 separate part: per head a RoPE query of ``qk_rope_head_dim`` (64) numbers and one RoPE key of 64
 numbers *shared by all heads* (cached next to ``c``, so 512 + 64 numbers per token and layer). The
-score is the sum of the two parts. This module implements the compressed part only.
+score is the sum of the two parts. This module implements the compressed part only; the
+released layer, with the RoPE part, the low-rank query, the latent's RMSNorm and YaRN, is
+:class:`mha.models.deepseek_v3.DeepSeekMLA` (section 10.3).
 """
 
 from __future__ import annotations

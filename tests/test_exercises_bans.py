@@ -291,6 +291,14 @@ EVASIONS = [
         ),
         "uses_window",
     ),
+    (
+        "check_topk_keep",
+        "mha.sparse.topk_keep_mask through functools.partial",
+        lambda scores, topk: functools.partial(sys.modules["mha.sparse"].topk_keep_mask, topk=topk)(
+            scores
+        ),
+        "without mha.topk_keep_mask",
+    ),
 ]
 
 

@@ -5,6 +5,8 @@ Run it in a throwaway environment that has ``transformers`` (the course's enviro
     /tmp/hfenv/bin/python tools/hf_fixtures.py            # every family
     /tmp/hfenv/bin/python tools/hf_fixtures.py gpt_oss    # some of them
 
+(DeepSeek's families live in ``tools/hf_fixtures_deepseek.py``; this entry point runs them too.)
+
 For each family a tiny random configuration is built, HF's attention module for one layer is
 instantiated (eager attention), its weights are drawn from a seeded generator, and it runs on fixed
 inputs. Each case is saved as ``mha/models/fixtures/<family>_<case>.npz`` (package data, so that a
@@ -31,6 +33,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import hf_fixtures_deepseek  # noqa: E402 (tools/ is not a package)
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "mha" / "models" / "fixtures"
 
@@ -249,6 +254,9 @@ def make_qwen3_next() -> None:
 FAMILIES = {
     "gpt_oss": lambda: (make_gpt_oss(), make_gpt_oss_variant()),
     "qwen3_next": make_qwen3_next,
+    # DeepSeek V3 and V3.2 (MLA, the lightning indexer): tools/hf_fixtures_deepseek.py, whose
+    # fixtures go to tests/fixtures/hf/ (section 10.3 reads mha/models/deepseek_v3_hf.json).
+    **hf_fixtures_deepseek.FAMILIES,
 }
 
 

@@ -7,7 +7,11 @@ check that it gives Hugging Face's output. One module per family:
 
 * ``gpt_oss`` (:mod:`mha.models.gpt_oss`) — learned sinks, sliding/full layers, YaRN RoPE;
 * ``qwen3_next`` (:mod:`mha.models.qwen3_next`) — the full-attention layer: output gate, QK-norm,
-  partial RoPE.
+  partial RoPE;
+* ``deepseek_v3`` (:mod:`mha.models.deepseek_v3`) — MLA: low-rank query, compressed KV with its
+  RMSNorm, decoupled RoPE, YaRN;
+* ``deepseek_v32`` (:mod:`mha.models.deepseek_v32`) — V3's MLA with the lightning indexer's
+  top-k selection (DeepSeek Sparse Attention).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from .. import validation as validate
 
 # family -> the module that builds it (imported when first asked for).
 FAMILIES = {
+    "deepseek_v3": ".deepseek_v3",
+    "deepseek_v32": ".deepseek_v32",  # V3's MLA plus the lightning indexer's top-k selection
     "gpt_oss": ".gpt_oss",
     "qwen3_next": ".qwen3_next",
 }
@@ -36,7 +42,8 @@ def from_hf(
     """Our attention module for layer ``layer_idx`` of a Hugging Face model.
 
     Args:
-        family: ``"gpt_oss"`` or ``"qwen3_next"`` (see ``FAMILIES``).
+        family: ``"gpt_oss"``, ``"qwen3_next"``, ``"deepseek_v3"`` or ``"deepseek_v32"``
+            (see ``FAMILIES``).
         config: the HF config as a dict (``config.to_dict()``).
         state_dict: the HF attention module's own ``state_dict`` (its keys, e.g.
             ``"q_proj.weight"``, ``"sinks"``); tensors or numpy arrays.
@@ -54,7 +61,7 @@ def from_hf(
             a missing, unexpected or mis-shaped weight, or a layer_idx the config does not have.
     """
     if not isinstance(family, str) or family not in FAMILIES:
-        raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {family!r}")
+        raise ValueError(f"unknown family {family!r}: family must be one of {sorted(FAMILIES)}")
     if not isinstance(config, Mapping):
         raise TypeError(f"config must be a dict (config.to_dict()), got {type(config).__name__}")
     if not isinstance(state_dict, Mapping):
