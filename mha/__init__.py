@@ -9,6 +9,7 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
 * :class:`MultiHeadAttention`, :class:`KVCache` — the module and its decoding cache (``mha/multihead.py``)
 * :class:`PreallocatedKVCache`, :class:`PagedKVCache`, :func:`flash_decoding` — caches that serve
   and split-KV decoding (``mha/decoding.py``)
+* :func:`varlen_attention` — packed sequences, FlashAttention's ``cu_seqlens`` layout (``mha/varlen.py``)
 * :func:`apply_rope` — rotary position embedding, Llama's rotate-half pairing (``mha/rope.py``)
 * :class:`MultiHeadLatentAttention`, :class:`LatentCache` — DeepSeek's latent attention (``mha/mla.py``)
 * :func:`kv_cache_bytes`, :class:`AttentionConfig` — KV-cache memory of real models (``mha/kv_memory.py``)
@@ -41,6 +42,7 @@ from .masks import causal_mask, causal_mask_bottom_right, padding_mask, sliding_
 from .mla import LatentCache, MultiHeadLatentAttention
 from .multihead import KVCache, MultiHeadAttention
 from .rope import apply_rope, rope_frequencies
+from .varlen import varlen_attention
 
 __version__ = "0.1.0"
 
@@ -94,5 +96,6 @@ __all__ = [
     "softmax",
     "tile_schedule",
     "timing",
+    "varlen_attention",
     "viz",
 ]
