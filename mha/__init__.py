@@ -12,6 +12,7 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
 * :func:`varlen_attention` — packed sequences, FlashAttention's ``cu_seqlens`` layout (``mha/varlen.py``)
 * :func:`apply_rope` — rotary position embedding, Llama's rotate-half pairing (``mha/rope.py``)
 * :class:`MultiHeadLatentAttention`, :class:`LatentCache` — DeepSeek's latent attention (``mha/mla.py``)
+* :func:`quantize_kv`, :class:`QuantizedKVCache` — keys and values in 8 bits (``mha/kv_quant.py``)
 * :func:`kv_cache_bytes`, :class:`AttentionConfig` — KV-cache memory of real models (``mha/kv_memory.py``)
 * :mod:`mha.flex` — the course's masks as FlexAttention ``mask_mod``/``score_mod`` functions
 * :mod:`mha.validation` — the argument checks every public function shares
@@ -35,6 +36,7 @@ from .attention import scaled_dot_product_attention, softmax
 from .decoding import PagedKVCache, PreallocatedKVCache, flash_decoding, merge_partials
 from .flash import flash_attention, online_softmax_update, tile_schedule
 from .kv_memory import AttentionConfig, kv_cache_bytes
+from .kv_quant import QuantizedKV, QuantizedKVCache, quantize_kv
 from .lab import MODULES as _LAB_MODULES
 from .lab.demo import expect_error
 from .linear_attention import linear_attention
@@ -69,6 +71,8 @@ __all__ = [
     "MultiHeadLatentAttention",
     "PagedKVCache",
     "PreallocatedKVCache",
+    "QuantizedKV",
+    "QuantizedKVCache",
     "apply_rope",
     "bench",
     "causal_mask",
@@ -90,6 +94,7 @@ __all__ = [
     "merge_partials",
     "online_softmax_update",
     "padding_mask",
+    "quantize_kv",
     "rope_frequencies",
     "scaled_dot_product_attention",
     "sliding_window_mask",
