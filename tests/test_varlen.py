@@ -161,3 +161,38 @@ def test_bad_packed_tensors():
         mha.varlen_attention(q, k, v[:6], cu_q, cu_k)
     with pytest.raises(TypeError, match="must share a dtype"):
         mha.varlen_attention(q.float(), k, v, cu_q, cu_k)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_flex_packed_documents_equals_sdpa_per_sequence(is_causal):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from mha import flex
+
+    lengths_q, lengths_k = [3, 0, 5, 2], [6, 2, 5, 1]
+    qs, ks, vs = _case(lengths_q, lengths_k, Dv=8)
+    q, cu_q = pack(qs)
+    k, cu_k = pack(ks)
+    v, _ = pack(vs)
+    mask_mod = flex.packed_documents(cu_q, cu_k, is_causal=is_causal)
+    block_mask = create_block_mask(mask_mod, 1, None, q.shape[0], k.shape[0], device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager flex_attention: "without torch.compile"
+        out = flex_attention(
+            *(t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)),  # (1, H, total, D)
+            block_mask=block_mask,
+            enable_gqa=True,
+        )[0].transpose(0, 1)  # (total_q, H, D)
+    expected = torch.cat([_sdpa_one(*t, is_causal) for t in zip(qs, ks, vs)])
+    torch.testing.assert_close(out, expected)  # rows that see no key: zeros in both
+
+
+def test_flex_packed_documents_errors():
+    from mha import flex
+
+    with pytest.raises(ValueError, match="cu_seqlens_q must start at 0"):
+        flex.packed_documents(torch.tensor([1, 3], dtype=torch.int32))
+    with pytest.raises(ValueError, match="same number of sequences"):
+        flex.packed_documents(
+            torch.tensor([0, 3], dtype=torch.int32), torch.tensor([0, 1, 3], dtype=torch.int32)
+        )
