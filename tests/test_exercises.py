@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO / "tools"))
 from fold_solutions import solution_ranges  # noqa: E402 (tools/ joins the path first)
 
 BY_NAME = {ex.name: ex for ex in EXERCISES}
-CHAPTER_NOTEBOOKS = sorted((REPO / "chapters").glob("0[1-8]_*.ipynb"))
+CHAPTER_NOTEBOOKS = sorted((REPO / "chapters").glob("0[1-9]_*.ipynb"))
 
 
 def _stored_lines() -> set[str]:
