@@ -168,8 +168,8 @@ def _packed_reference(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Te
     out = torch.zeros_like(q)  # (total, H, D)
     for a, b in zip(starts[:-1], starts[1:]):
         if b > a:
-            seq = [t[a:b].transpose(0, 1) for t in (q, k, v)]  # (H, L, D) each
-            out[a:b] = F.scaled_dot_product_attention(*seq, is_causal=True).transpose(0, 1)
+            qs, ks, vs = (t[a:b].transpose(0, 1) for t in (q, k, v))  # (H, L, D) each
+            out[a:b] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True).transpose(0, 1)
     return out
 
 
@@ -191,7 +191,8 @@ def _packed_by_document_mask(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor
     total = q.shape[0]
     doc = torch.arange(len(cu_seqlens) - 1).repeat_interleave(cu_seqlens.diff())  # (total,)
     keep = (doc[:, None] == doc[None, :]) & torch.ones(total, total, dtype=torch.bool).tril()
-    out = F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v)), attn_mask=keep)
+    qh, kh, vh = (t.transpose(0, 1) for t in (q, k, v))  # (H, total, D)
+    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=keep)
     return out.transpose(0, 1)  # (total, H, D)
 
 
@@ -207,16 +208,16 @@ def _packed_by_softmax(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> T
 
 
 def _packed_across_boundaries(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Tensor:
-    out = F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v)), is_causal=True)
-    return out.transpose(0, 1)
+    qh, kh, vh = (t.transpose(0, 1) for t in (q, k, v))  # (H, total, D)
+    return F.scaled_dot_product_attention(qh, kh, vh, is_causal=True).transpose(0, 1)
 
 
 def _packed_not_causal(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Tensor:
     out = torch.zeros_like(q)
     starts = cu_seqlens.tolist()
     for a, b in zip(starts[:-1], starts[1:]):
-        seq = [t[a:b].transpose(0, 1) for t in (q, k, v)]
-        out[a:b] = F.scaled_dot_product_attention(*seq).transpose(0, 1)
+        qs, ks, vs = (t[a:b].transpose(0, 1) for t in (q, k, v))  # (H, L, D) each
+        out[a:b] = F.scaled_dot_product_attention(qs, ks, vs).transpose(0, 1)
     return out
 
 
