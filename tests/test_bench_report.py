@@ -27,8 +27,9 @@ NEEDLES = (
     "decode step q/k/v projection and head split / three nn.Linear time, B=1 L=1 E=1024",
     "decode step with GQA (H=8, Hkv=2) / without GQA time, cache 64, E=512",
     "decode attention, grouped / repeated key-value heads time, Hkv=2 cache 64 E=1024",
+    "padded / packed (varlen) causal attention time, lengths 8..64 (8x spread)",
 )
-N_CHECKS = 20
+N_CHECKS = 21
 
 
 def test_check_pass_fail_and_text():
