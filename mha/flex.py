@@ -104,6 +104,9 @@ def packed_documents(
     """
     if cu_seqlens_k is None:
         cu_seqlens_k = cu_seqlens_q
+    for name, c in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        validate.tensor(name, c, ndim=1, layout="(B + 1,)")
+    # No packed tensor to compare with here: the last offset is the packed length.
     total_q, total_k = (int(c[-1]) if c.numel() else 0 for c in (cu_seqlens_q, cu_seqlens_k))
     validate.cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, "the packed queries")
     validate.cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, "the packed keys")

@@ -196,3 +196,12 @@ def test_flex_packed_documents_errors():
         flex.packed_documents(
             torch.tensor([0, 3], dtype=torch.int32), torch.tensor([0, 1, 3], dtype=torch.int32)
         )
+
+
+def test_flex_packed_documents_type_errors():
+    from mha import flex
+
+    with pytest.raises(TypeError, match="cu_seqlens_q must be a torch.Tensor, got list"):
+        flex.packed_documents([0, 3])
+    with pytest.raises(TypeError, match="cu_seqlens_k must be an int32 tensor"):
+        flex.packed_documents(torch.tensor([0, 3], dtype=torch.int32), torch.tensor([0, 3]))
