@@ -14,12 +14,14 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
   block table (``mha/paged.py``)
 * :func:`ring_attention`, :class:`TensorParallelAttention` — attention across processes on
   ``torch.distributed`` (``mha/distributed.py``)
+* :func:`varlen_attention` — packed sequences, FlashAttention's ``cu_seqlens`` layout (``mha/varlen.py``)
 * :func:`apply_rope` — rotary position embedding, Llama's rotate-half pairing (``mha/rope.py``)
 * :func:`yarn_frequencies` — YaRN's RoPE speeds for a longer context (``mha/rope.py``)
 * :func:`rms_norm`, :class:`RMSNorm` — RMSNorm, e.g. on each head's queries and keys (``mha/norms.py``)
 * :func:`from_hf` — attention layers of 2026's open models (gpt-oss, Qwen3-Next) from Hugging
   Face configs and weights (``mha/models/``)
 * :class:`MultiHeadLatentAttention`, :class:`LatentCache` — DeepSeek's latent attention (``mha/mla.py``)
+* :func:`quantize_kv`, :class:`QuantizedKVCache` — keys and values in 8 bits (``mha/kv_quant.py``)
 * :func:`kv_cache_bytes`, :class:`AttentionConfig` — KV-cache memory of real models (``mha/kv_memory.py``)
 * :func:`topk_sparse_attention`, :func:`topk_keep_mask` — DeepSeek's top-k sparse attention
   (``mha/sparse.py``)
@@ -49,6 +51,7 @@ from .decoding import PreallocatedKVCache, flash_decoding, merge_partials
 from .distributed import TensorParallelAttention, count_traffic, ring_attention
 from .flash import flash_attention, online_softmax_update, tile_schedule
 from .kv_memory import AttentionConfig, kv_cache_bytes
+from .kv_quant import QuantizedKV, QuantizedKVCache, quantize_kv
 from .lab import MODULES as _LAB_MODULES
 from .lab.demo import expect_error
 from .linear_attention import linear_attention
@@ -60,6 +63,7 @@ from .norms import RMSNorm, rms_norm
 from .paged import PagedKVCache, paged_attention
 from .rope import apply_rope, rope_frequencies, yarn_frequencies
 from .sparse import topk_keep_mask, topk_sparse_attention
+from .varlen import varlen_attention
 
 __version__ = "0.1.0"
 
@@ -86,6 +90,8 @@ __all__ = [
     "MultiHeadLatentAttention",
     "PagedKVCache",
     "PreallocatedKVCache",
+    "QuantizedKV",
+    "QuantizedKVCache",
     "RMSNorm",
     "TensorParallelAttention",
     "TransformerBlock",
@@ -114,6 +120,7 @@ __all__ = [
     "padding_mask",
     "paged_attention",
     "processes",
+    "quantize_kv",
     "ring_attention",
     "rms_norm",
     "rope_frequencies",
@@ -121,9 +128,10 @@ __all__ = [
     "sliding_window_mask",
     "softmax",
     "tile_schedule",
+    "timing",
     "topk_keep_mask",
     "topk_sparse_attention",
-    "timing",
+    "varlen_attention",
     "viz",
     "yarn_frequencies",
 ]

@@ -86,6 +86,52 @@ def document(doc_ids: Tensor) -> MaskMod:
     return mask_mod
 
 
+def packed_documents(
+    cu_seqlens_q: Tensor, cu_seqlens_k: Tensor | None = None, *, is_causal: bool = False
+) -> MaskMod:
+    """Packed sequences as one long one, FlashAttention's ``cu_seqlens`` layout as a mask_mod.
+
+    Query ``q_idx`` (of the packed queries) may attend to key ``kv_idx`` (of the packed keys)
+    only if both belong to the same sequence, and, with ``is_causal``, if the key lies no closer
+    to the end of its sequence than the query does: bottom-right alignment per sequence, as in
+    :func:`mha.varlen_attention` and FlashAttention >= 2.1. Use it with ``B = 1`` and the
+    packed tokens as the sequence axis: ``(1, H, total_q, D)``.
+
+    Args:
+        cu_seqlens_q: ``(B + 1,)`` int32 prefix sums of the query lengths.
+        cu_seqlens_k: the same for the keys; defaults to ``cu_seqlens_q`` (self-attention).
+        is_causal: causal within each sequence, aligned bottom-right.
+    """
+    if cu_seqlens_k is None:
+        cu_seqlens_k = cu_seqlens_q
+    for name, c in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        validate.tensor(name, c, ndim=1, layout="(B + 1,)")
+    # No packed tensor to compare with here: the last offset is the packed length.
+    total_q, total_k = (int(c[-1]) if c.numel() else 0 for c in (cu_seqlens_q, cu_seqlens_k))
+    validate.cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, "the packed queries")
+    validate.cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, "the packed keys")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(
+            f"cu_seqlens_q and cu_seqlens_k must describe the same number of sequences, got "
+            f"shapes {validate.shape(cu_seqlens_q)} and {validate.shape(cu_seqlens_k)}"
+        )
+    validate.flag("is_causal", is_causal)
+    lengths_q, lengths_k = cu_seqlens_q.diff().long(), cu_seqlens_k.diff().long()  # (B,) each
+    ids = torch.arange(lengths_q.numel(), device=cu_seqlens_q.device)  # (B,)
+    doc_q = ids.repeat_interleave(lengths_q)  # (total_q,) the sequence of each query
+    doc_k = ids.repeat_interleave(lengths_k)  # (total_k,) the sequence of each key
+    end_q, end_k = cu_seqlens_q[1:].long(), cu_seqlens_k[1:].long()  # (B,) where each ends
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        same = doc_q[q_idx] == doc_k[kv_idx]
+        if not is_causal:
+            return same
+        # Distances to the sequence's end: a key may not lie closer to it than the query.
+        return same & (kv_idx - end_k[doc_k[kv_idx]] <= q_idx - end_q[doc_q[q_idx]])
+
+    return mask_mod
+
+
 def block_pattern(pattern: Tensor, block_size: int) -> MaskMod:
     """A block-sparse mask (BigBird's blocks): ``pattern[r, c]`` keeps or hides a whole block.
 

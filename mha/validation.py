@@ -200,6 +200,75 @@ def integer_tensor(name: str, value: Any, *, ndim: int | None = None) -> Tensor:
     return value
 
 
+def cu_seqlens(name: str, value: Any, total: int, total_name: str) -> list[int]:
+    """FlashAttention's ``cu_seqlens``: ``(B + 1,)`` int32 prefix sums of the sequence lengths.
+
+    They must start at 0, never decrease (an empty sequence repeats a value), and end at the
+    packed length ``total`` (the length of ``total_name``). Returns them as a list of ints.
+    """
+    tensor(name, value, ndim=1, layout="(B + 1,)")
+    if value.dtype != torch.int32:
+        raise TypeError(
+            f"{name} must be an int32 tensor (FlashAttention's layout), got dtype {value.dtype}"
+        )
+    if value.numel() < 2:
+        raise ValueError(f"{name} must hold B + 1 >= 2 offsets, got shape {shape(value)}")
+    offsets = [int(x) for x in value.tolist()]
+    if offsets[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {offsets[0]} (in {offsets})")
+    drops = [i for i in range(1, len(offsets)) if offsets[i] < offsets[i - 1]]
+    if drops:
+        i = drops[0]
+        raise ValueError(
+            f"{name} must be non-decreasing (prefix sums of lengths), got {offsets[i - 1]} then "
+            f"{offsets[i]} at index {i} (in {offsets})"
+        )
+    if offsets[-1] != total:
+        raise ValueError(
+            f"{name} must end at the packed length of {total_name} ({total}), got {offsets[-1]}"
+        )
+    return offsets
+
+
+def packed_qkv(query: Any, key: Any, value: Any) -> int:
+    """Check packed (varlen) query, key and value; return the group size ``H // Hkv``.
+
+    Shapes:
+        query ``(total_q, H, D)``, key ``(total_k, Hkv, D)``, value ``(total_k, Hkv, Dv)``, with
+        ``H`` a multiple of ``Hkv``.
+    """
+    layouts = {
+        "query": "(total_q, H, D)",
+        "key": "(total_k, Hkv, D)",
+        "value": "(total_k, Hkv, Dv)",
+    }
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        tensor(name, t, floating=True, ndim=3, layout=layouts[name])
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(
+            f"query, key and value must share a dtype, got {query.dtype}, {key.dtype} and {value.dtype}"
+        )
+    if not (query.device == key.device == value.device):
+        raise ValueError(
+            f"query, key and value must be on one device, got {query.device}, {key.device} and {value.device}"
+        )
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            f"query and key must have the same head dim, got query {shape(query)} and key {shape(key)}"
+        )
+    if key.shape[:2] != value.shape[:2]:
+        raise ValueError(
+            f"key and value must have the same total_k and Hkv, got key {shape(key)} and value {shape(value)}"
+        )
+    H, Hkv = query.shape[1], key.shape[1]
+    if Hkv == 0 or H % Hkv:
+        raise ValueError(
+            f"query's heads ({H}) must be a multiple of key's ({Hkv}), got query {shape(query)} "
+            f"and key {shape(key)}"
+        )
+    return H // Hkv
+
+
 def _broadcasts(small: tuple[int, ...], target: tuple[int, ...]) -> bool:
     """True if a tensor of shape ``small`` broadcasts to ``target`` without growing it."""
     return len(small) <= len(target) and all(

@@ -29,8 +29,9 @@ NEEDLES = (
     "decode attention, grouped / repeated key-value heads time, Hkv=2 cache 64 E=1024",
     "PagedKVCache update (and truncate) at 256 / at 16 cached tokens",
     "paged_attention / SDPA over a contiguous cache time, B=2 H=8 Hkv=2 D=64 S=256",
+    "padded / packed (varlen) causal attention time, lengths 8..64 (8x spread)",
 )
-N_CHECKS = 22
+N_CHECKS = 23
 
 
 def test_check_pass_fail_and_text():

@@ -299,6 +299,34 @@ EVASIONS = [
         ),
         "without mha.topk_keep_mask",
     ),
+    (
+        "check_bottom_right_causal",
+        "functools.partial of mha.masks.causal_mask_bottom_right",
+        lambda L, S: functools.partial(__import__("mha.masks").masks.causal_mask_bottom_right)(
+            L, S
+        ),
+        "without mha.causal_mask_bottom_right",
+    ),
+    (
+        "check_packed_causal",
+        "mha.varlen.varlen_attention imported inside",
+        lambda q, k, v, cu: __import__("mha.varlen").varlen.varlen_attention(
+            q, k, v, cu, cu, is_causal=True
+        ),
+        "without mha.varlen_attention",
+    ),
+    (
+        "check_quantize_per_token",
+        "functools.partial of mha.kv_quant.quantize_kv",
+        lambda x: tuple(functools.partial(__import__("mha.kv_quant").kv_quant.quantize_kv)(x)),
+        "without mha.quantize_kv",
+    ),
+    (
+        "check_quantize_per_channel",
+        "mha.quantize_kv with granularity='channel', caught inside",
+        lambda x: tuple(mha.quantize_kv(x, granularity="channel")),
+        "without mha.quantize_kv",
+    ),
 ]
 
 

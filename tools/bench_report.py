@@ -413,6 +413,55 @@ def serving(dev: torch.device, g: torch.Generator, quick: bool, run_time: float)
     return checks
 
 
+def packed_attention(
+    dev: torch.device, g: torch.Generator, quick: bool, run_time: float
+) -> list[Check]:
+    """Packed (varlen) causal attention vs the padded batch, lengths varying 8x, same operations.
+
+    The padded side runs what ``mha.varlen_attention`` runs for one sequence (scores, mask,
+    softmax, weighted sum) on the whole padded batch ``(B, H, L_max, D)`` with a padding-and-
+    causal mask; the packed side is ``mha.varlen_attention`` itself. The FLOP ratio is exact.
+    """
+    from mha.varlen import pack
+
+    lengths = [8, 12, 16, 20, 28, 36, 48, 64] if quick else [64, 96, 128, 160, 224, 288, 384, 512]
+    B, H, D, L_max = len(lengths), 8, 64, max(lengths)
+    seqs = [_randn((n, H, D), dev, g) for n in lengths]
+    q, cu = pack(seqs)  # (total, H, D), (B + 1,)
+    q_pad = torch.zeros(B, H, L_max, D, device=dev)
+    for b, s in enumerate(seqs):
+        q_pad[b, :, : len(s)] = s.transpose(0, 1)  # (H, L_b, D)
+    keep = mha.padding_mask(lengths, L_max).to(dev) & mha.causal_mask(L_max, device=dev)
+
+    def padded() -> torch.Tensor:
+        scores = q_pad @ q_pad.transpose(-2, -1) * D**-0.5  # (B, H, L_max, L_max)
+        weights = scores.masked_fill(~keep, float("-inf")).softmax(-1)
+        return weights @ q_pad  # (B, H, L_max, D)
+
+    def packed() -> torch.Tensor:
+        return mha.varlen_attention(q, q, q, cu, cu, is_causal=True)  # (total, H, D)
+
+    out_pad, out_packed = padded(), packed()
+    for b, (start, n) in enumerate(zip(cu[:-1].tolist(), lengths)):
+        torch.testing.assert_close(
+            out_packed[start : start + n], out_pad[b, :, :n].transpose(0, 1), atol=1e-4, rtol=1e-4
+        )
+    ratio, t_pad, t_packed = paired_ratio(
+        padded, packed, pairs=3 if quick else 5, min_run_time=run_time
+    )
+    flops = B * L_max * L_max / sum(n * n for n in lengths)
+    return [
+        Check(
+            f"padded / packed (varlen) causal attention time, lengths {lengths[0]}..{L_max} "
+            f"(8x spread), B={B} H={H} D={D}",
+            ratio,
+            1.0,
+            False,
+            _times("padded", t_pad, "packed", t_packed) + f"; FLOP ratio {flops:.2f}",
+        )
+    ]
+
+
 def run_report(
     *,
     quick: bool = False,
@@ -431,6 +480,7 @@ def run_report(
         lambda: low_precision(dev, g, quick),
         lambda: decode_step(dev, g, quick, run_time),
         lambda: serving(dev, g, quick, run_time),
+        lambda: packed_attention(dev, g, quick, run_time),
     ]
     for section in sections:
         for check in section():

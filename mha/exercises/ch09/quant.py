@@ -1,0 +1,228 @@
+"""Section 9.3, a quantised cache: the exercises as data for :mod:`.._harness`.
+
+References: absmax int8 quantisation per token (scale over the channels) and per channel (scale
+over the positions), written with torch's ``amax`` and ``round``, and the bytes of a quantised
+cache counted by their definition; mistakes: no division by 127, truncation instead of rounding,
+the scale over the wrong dim, 128 steps (which wrap around in int8), the scales or the values
+forgotten in the byte count, and the library's own function, which the exercises ban.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+import mha
+
+from .._harness import Case, Exercise, publish
+
+# --- quantise per token / per channel ------------------------------------------------------------
+
+
+def _absmax(x: Tensor, dim: int, q_max: float = 127.0) -> tuple[Tensor, Tensor]:
+    scale = x.abs().amax(dim, keepdim=True) / q_max  # one scale per group
+    return (x / scale).round().to(torch.int8), scale
+
+
+def _quant_cases(what: str) -> list[Case]:
+    g = torch.Generator().manual_seed(93)
+    x = torch.randn(2, 3, 6, 8, generator=g)  # (B, Hkv, S, D), S != D
+    y = torch.randn(1, 2, 5, 4, generator=g)
+    y[..., 0] *= 30  # an outlier channel
+    return [
+        Case(f"{what}(x) for x (2, 3, 6, 8)", (x,)),
+        Case(f"{what}(x) for x (1, 2, 5, 4) with an outlier channel", (y,)),
+    ]
+
+
+def _wrapped(x: Tensor, dim: int) -> tuple[Tensor, Tensor]:
+    """The bug: 128 steps; +128 does not fit in int8 and wraps around to -128."""
+    scale = x.abs().amax(dim, keepdim=True) / 128
+    return (x / scale).round().to(torch.int16).to(torch.int8), scale
+
+
+def _truncated(x: Tensor, dim: int) -> tuple[Tensor, Tensor]:
+    scale = x.abs().amax(dim, keepdim=True) / 127
+    return (x / scale).to(torch.int8), scale  # .to(int8) truncates towards 0
+
+
+def _by_norm(x: Tensor, dim: int) -> tuple[Tensor, Tensor]:
+    scale = torch.linalg.vector_norm(x, ord=float("inf"), dim=dim, keepdim=True) / 127
+    return torch.clamp(torch.round(x / scale), -127, 127).to(torch.int8), scale
+
+
+_HINT_TOKEN = (
+    "Per token: scale = x.abs().amax(dim=-1, keepdim=True) / 127, shape (..., S, 1); "
+    "data = (x / scale).round().to(torch.int8)."
+)
+_NO_QUANTIZE = "write it yourself, without mha.quantize_kv."
+
+PER_TOKEN = Exercise(
+    "check_quantize_per_token",
+    "int8 data and one float scale per token, every number within half a step",
+    lambda x: _absmax(x, -1),
+    lambda: _quant_cases("quantize_per_token"),
+    variants=(
+        lambda x: (
+            torch.round(x * 127 / x.abs().max(-1, keepdim=True).values).to(torch.int8),
+            x.abs().max(-1, keepdim=True).values / 127,
+        ),
+        lambda x: _by_norm(x, -1),
+    ),
+    mistakes=(
+        (
+            lambda x: (
+                (x / x.abs().amax(-1, keepdim=True)).round().to(torch.int8),
+                x.abs().amax(-1, keepdim=True),
+            ),
+            "Dividing by max|x| maps the token onto [-1, 1]: three values. Spread it over the "
+            "whole grid, -127 … 127: scale = max|x| / 127. " + _HINT_TOKEN,
+        ),
+        (
+            lambda x: _truncated(x, -1),
+            ".to(torch.int8) truncates towards 0, an error of up to a whole step: round first "
+            "(half a step at most). " + _HINT_TOKEN,
+        ),
+        (
+            lambda x: _absmax(x, -2),
+            "That is one scale per channel (over the positions, dim -2); per token means one "
+            "scale per position, over its D channels (dim -1). " + _HINT_TOKEN,
+        ),
+        (
+            lambda x: _wrapped(x, -1),
+            "int8 stops at 127: with 128 steps the largest number becomes +128, which wraps "
+            "around to -128. Divide by 127. " + _HINT_TOKEN,
+        ),
+        (lambda x: tuple(mha.quantize_kv(x)), _NO_QUANTIZE),
+    ),
+    hint=_HINT_TOKEN,
+    crash_hint=_HINT_TOKEN,
+    outputs=("data", "scale"),
+    exact_dtype=True,
+    atol=1e-6,
+    rtol=1e-5,
+    forbidden=(mha.quantize_kv,),
+    forbidden_hint=_NO_QUANTIZE,
+    params=("quantize_per_token",),
+    doc="Check ``quantize_per_token(x) -> (data, scale)``: absmax int8 quantisation of keys or "
+    "values ``(..., S, D)``, data int8 ``(..., S, D)`` and scale ``(..., S, 1)``.",
+)
+
+
+_HINT_CHANNEL = (
+    "Per channel: scale = x.abs().amax(dim=-2, keepdim=True) / 127, shape (..., 1, D); "
+    "data = (x / scale).round().to(torch.int8). The grid of int8 ends at 127."
+)
+
+PER_CHANNEL = Exercise(
+    "check_quantize_per_channel",
+    "int8 data and one float scale per channel, no number wrapped around",
+    lambda x: _absmax(x, -2),
+    lambda: _quant_cases("quantize_per_channel"),
+    variants=(
+        lambda x: _by_norm(x, -2),
+        lambda x: tuple(
+            t.transpose(-2, -1) for t in _absmax(x.transpose(-2, -1), -1)
+        ),  # per token of the transpose
+    ),
+    mistakes=(
+        (
+            lambda x: _wrapped(x, -2),
+            "The bug is still there: with scale = max|x| / 128 the largest number of each "
+            "channel becomes 128, which int8 cannot hold; it wraps around to -128, the opposite "
+            "sign. " + _HINT_CHANNEL,
+        ),
+        (
+            lambda x: _absmax(x, -1),
+            "That is one scale per token (dim -1); per channel means one scale per channel, "
+            "over the S positions (dim -2). " + _HINT_CHANNEL,
+        ),
+        (
+            lambda x: _truncated(x, -2),
+            ".to(torch.int8) truncates towards 0: round first. " + _HINT_CHANNEL,
+        ),
+        (lambda x: tuple(mha.quantize_kv(x, granularity="channel")), _NO_QUANTIZE),
+    ),
+    hint=_HINT_CHANNEL,
+    crash_hint=_HINT_CHANNEL,
+    outputs=("data", "scale"),
+    exact_dtype=True,
+    atol=1e-6,
+    rtol=1e-5,
+    forbidden=(mha.quantize_kv,),
+    forbidden_hint=_NO_QUANTIZE,
+    params=("quantize_per_channel",),
+    doc="Check ``quantize_per_channel(x) -> (data, scale)``: absmax int8 quantisation with one "
+    "scale per channel, data int8 ``(..., S, D)`` and scale ``(..., 1, D)``.",
+)
+
+
+# --- bytes of a quantised cache ------------------------------------------------------------------
+
+
+def _bytes_reference(B: int, Hkv: int, S: int, D: int, granularity: str) -> int:
+    data = B * Hkv * S * D  # one byte per number
+    scales = B * Hkv * (S if granularity == "token" else D)  # float32, 4 bytes each
+    return 2 * (data + 4 * scales)  # keys and values
+
+
+def _bytes_cases() -> list[Case]:
+    return [
+        Case(f"cache_bytes({B}, {Hkv}, {S}, {D}, {gran!r})", (B, Hkv, S, D, gran))
+        for B, Hkv, S, D, gran in (
+            (1, 8, 4096, 128, "token"),
+            (1, 8, 4096, 128, "channel"),
+            (4, 2, 100, 64, "token"),
+            (3, 4, 50, 96, "channel"),
+        )
+    ]
+
+
+def _bytes_by_cache(B: int, Hkv: int, S: int, D: int, granularity: str) -> int:
+    x = torch.zeros(B, Hkv, S, D)
+    return 2 * mha.quantize_kv(x, granularity=granularity).nbytes
+
+
+_HINT_BYTES = (
+    "Keys and values: 2 × (B·Hkv·S·D bytes of int8 + 4 bytes per float32 scale), with B·Hkv·S "
+    "scales per token or B·Hkv·D per channel."
+)
+
+CACHE_BYTES = Exercise(
+    "check_quantized_cache_bytes",
+    "int8 data and float32 scales of keys and values, both granularities",
+    _bytes_reference,
+    _bytes_cases,
+    variants=(
+        _bytes_by_cache,
+        lambda B, Hkv, S, D, g: 2 * B * Hkv * (S * D + 4 * {"token": S, "channel": D}[g]),
+    ),
+    mistakes=(
+        (
+            lambda B, Hkv, S, D, g: 2 * B * Hkv * S * D,
+            "The scales take memory too: a float32 (4 bytes) per token or per channel. "
+            + _HINT_BYTES,
+        ),
+        (
+            lambda B, Hkv, S, D, g: _bytes_reference(B, Hkv, S, D, g) // 2,
+            "A cache holds keys and values: count both. " + _HINT_BYTES,
+        ),
+        (
+            lambda B, Hkv, S, D, g: 2 * B * Hkv * (S * D + (S if g == "token" else D)),
+            "A scale is a float32: 4 bytes, not 1. " + _HINT_BYTES,
+        ),
+        (
+            lambda B, Hkv, S, D, g: 2 * B * Hkv * (S * D + 4 * (D if g == "token" else S)),
+            "Per token there is one scale per position (S of them per head), per channel one "
+            "per channel (D). " + _HINT_BYTES,
+        ),
+    ),
+    hint=_HINT_BYTES,
+    crash_hint=_HINT_BYTES,
+    params=("cache_bytes",),
+    doc="Check ``cache_bytes(B, Hkv, S, D, granularity) -> int``: the bytes an int8 KV cache "
+    "of ``S`` positions holds with float32 scales per ``'token'`` or per ``'channel'``.",
+)
+
+
+EXERCISES = publish(globals())
