@@ -5,6 +5,8 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
 * :func:`scaled_dot_product_attention` — the readable reference (``mha/attention.py``)
 * :func:`flash_attention` — FlashAttention's tiled forward pass in plain PyTorch (``mha/flash.py``)
 * :func:`linear_attention` — kernel-feature-map attention in O(L) (``mha/linear_attention.py``)
+* :func:`gated_delta_rule` — the gated delta rule of Gated DeltaNet, recurrent and chunked
+  (``mha/gated_delta.py``)
 * :func:`causal_mask`, :func:`padding_mask`, :func:`sliding_window_mask` — keep-masks (``mha/masks.py``)
 * :class:`MultiHeadAttention`, :class:`KVCache` — the module and its decoding cache (``mha/multihead.py``)
 * :class:`PreallocatedKVCache`, :class:`PagedKVCache`, :func:`flash_decoding` — caches that serve
@@ -33,6 +35,7 @@ import importlib
 from .attention import scaled_dot_product_attention, softmax
 from .decoding import PagedKVCache, PreallocatedKVCache, flash_decoding, merge_partials
 from .flash import flash_attention, online_softmax_update, tile_schedule
+from .gated_delta import gated_delta_rule
 from .kv_memory import AttentionConfig, kv_cache_bytes
 from .lab import MODULES as _LAB_MODULES
 from .lab.demo import expect_error
@@ -79,6 +82,7 @@ __all__ = [
     "figures",
     "fit",
     "flash_attention",
+    "gated_delta_rule",
     "flash_decoding",
     "flex",
     "hardware",
