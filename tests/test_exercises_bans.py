@@ -26,7 +26,7 @@ from torch.nn.functional import scaled_dot_product_attention as sdpa_alias  # li
 
 import mha
 import mha.exercises
-from mha import apply_rope, decoding, flash, gated_delta, kv_memory, merge_partials, rope
+from mha import apply_rope, decoding, flash, kv_memory, merge_partials, rope  # likewise
 from mha.exercises import EXERCISES, ExerciseError, ch07
 from mha.exercises._harness import watch
 from mha.gated_delta import gated_delta_rule as gated_delta_alias  # likewise
@@ -75,6 +75,19 @@ def _softmax_backward_by_jacobian(p, dp):
     return jac @ dp[0, 0, 0]
 
 
+def gated_delta_step_by_library(state, k, v, g, beta):
+    """One gated delta step through the banned function: the token as a sequence of length 1."""
+    out = gated_delta_alias(
+        *(t.reshape(1, -1, 1, t.shape[-1]) for t in (k, k, v)),  # (1, N, 1, D)
+        g.reshape(1, -1, 1),
+        beta.reshape(1, -1, 1),
+        chunk_size=None,
+        initial_state=state.reshape(1, -1, *state.shape[-2:]),  # (1, N, Dk, Dv)
+        output_final_state=True,
+    )
+    return out[1].reshape(state.shape)
+
+
 SOFTMAX_EVASIONS = {
     "torch.softmax as an alias": lambda x, dim=-1: softmax_alias(x, dim),
     "functools.partial": lambda x, dim=-1: functools.partial(torch.softmax, dim=dim)(x),
@@ -89,196 +102,177 @@ SOFTMAX_EVASIONS = {
     "mha.attention.softmax": lambda x, dim=-1: sys.modules["mha.attention"].softmax(x, dim),
 }
 
-EVASIONS = (
-    [
-        ("check_softmax", name, answer, "without calling torch.softmax")
-        for name, answer in SOFTMAX_EVASIONS.items()
-    ]
-    + [
-        (
-            "check_sdpa",
-            "F.sdpa imported under an alias",
-            lambda q, k, v: sdpa_alias(q, k, v),
-            "without calling a ready-made",
+EVASIONS = [
+    ("check_softmax", name, answer, "without calling torch.softmax")
+    for name, answer in SOFTMAX_EVASIONS.items()
+] + [
+    (
+        "check_sdpa",
+        "F.sdpa imported under an alias",
+        lambda q, k, v: sdpa_alias(q, k, v),
+        "without calling a ready-made",
+    ),
+    (
+        "check_sdpa",
+        "a helper in another module (mha.flash_attention)",
+        lambda q, k, v: flash.flash_attention(q, k, v, block_size=2),
+        "without calling a ready-made",
+    ),
+    (
+        "check_multi_head_forward",
+        "torch's layer, built inside",
+        lambda query, key, value, *projs: nn.MultiheadAttention(
+            query.shape[-1], projs[-1], batch_first=True, kdim=key.shape[-1], vdim=value.shape[-1]
+        )(projs[0](query), projs[1](key), projs[2](value))[0],
+        "without nn.MultiheadAttention",
+    ),
+    (
+        "check_padding_mask",
+        "mha.masks.padding_mask imported under an alias",
+        lambda lengths, S: library_padding_mask(lengths, S),
+        "without mha.padding_mask",
+    ),
+    (
+        "check_online_softmax_update",
+        "mha.flash.online_softmax_update",
+        lambda *args: flash.online_softmax_update(*args),
+        "without mha.online_softmax_update",
+    ),
+    (
+        "check_softmax_backward",
+        "torch.autograd.grad imported under an alias before the check",
+        lambda p, dp: autograd_grad(torch.softmax(s := p.log().requires_grad_(), -1), s, dp)[0],
+        "without autograd",
+    ),
+    (
+        "check_softmax_backward",
+        "torch.autograd.functional.jacobian",
+        _softmax_backward_by_jacobian,
+        "without autograd",
+    ),
+    (
+        "check_softmax_backward",
+        "torch.func.vjp",
+        lambda p, dp: torch.func.vjp(lambda s: torch.softmax(s, -1), p.log())[1](dp)[0],
+        "without autograd",
+    ),
+    (
+        "check_softmax_backward",
+        "torch's softmax backward kernel",
+        lambda p, dp: torch._softmax_backward_data(dp, p, -1, p.dtype),
+        "without autograd",
+    ),
+    (
+        "check_attention_backward",
+        "torch.autograd.grad imported under an alias before the check",
+        _attention_backward_by(autograd_grad),
+        "without autograd",
+    ),
+    (
+        "check_attention_backward",
+        "torch.autograd.grad imported inside the answer",
+        _attention_backward_by(_grad_imported_inside),
+        "without autograd",
+    ),
+    ("check_attention_backward", ".backward()", _attention_backward_by(_by_backward), "autograd"),
+    (
+        "check_attention_backward",
+        "torch.autograd.backward",
+        _attention_backward_by(_by_torch_autograd_backward),
+        "without autograd",
+    ),
+    (
+        "check_attention_backward",
+        "the error caught and the formulas used instead",
+        _attention_backward_by(_caught),
+        "without autograd",
+    ),
+    (
+        "check_attention_backward",
+        "mha.flash.flash_attention_backward",
+        ch07._by_flash_backward,
+        "flash_attention_backward",
+    ),
+    (
+        "check_rope",
+        "from mha import apply_rope, before the check",
+        lambda x, positions: apply_rope(x, positions),
+        "without mha.apply_rope",
+    ),
+    ("check_rope", "mha.apply_rope passed itself", apply_rope, "without mha.apply_rope"),
+    (
+        "check_rope",
+        "mha.rope.apply_rope",
+        lambda x, positions: rope.apply_rope(x, positions),
+        "without mha.apply_rope",
+    ),
+    (
+        "check_merge_partials",
+        "from mha import merge_partials, before the check",
+        lambda out1, lse1, out2, lse2: merge_partials(
+            torch.stack([out1, out2]), torch.stack([lse1, lse2])
+        )[0],
+        "without mha.merge_partials",
+    ),
+    (
+        "check_merge_partials",
+        "mha.decoding.merge_partials imported inside",
+        lambda out1, lse1, out2, lse2: __import__("mha.decoding").decoding.merge_partials(
+            torch.stack([out1, out2]), torch.stack([lse1, lse2])
+        )[0],
+        "without mha.merge_partials",
+    ),
+    (
+        "check_cache_bytes",
+        "from mha.kv_memory import kv_cache_bytes, before the check",
+        lambda config, seq_len, nbytes: cache_bytes_alias(
+            config, seq_len, bytes_per_element=nbytes
         ),
-        (
-            "check_sdpa",
-            "a helper in another module (mha.flash_attention)",
-            lambda q, k, v: flash.flash_attention(q, k, v, block_size=2),
-            "without calling a ready-made",
+        "without mha.kv_cache_bytes",
+    ),
+    (
+        "check_cache_bytes",
+        "functools.partial of mha.kv_memory.kv_cache_bytes",
+        lambda config, seq_len, nbytes: functools.partial(kv_memory.kv_cache_bytes, config)(
+            seq_len, bytes_per_element=nbytes
         ),
-        (
-            "check_multi_head_forward",
-            "torch's layer, built inside",
-            lambda query, key, value, *projs: nn.MultiheadAttention(
-                query.shape[-1],
-                projs[-1],
-                batch_first=True,
-                kdim=key.shape[-1],
-                vdim=value.shape[-1],
-            )(projs[0](query), projs[1](key), projs[2](value))[0],
-            "without nn.MultiheadAttention",
+        "without mha.kv_cache_bytes",
+    ),
+    (
+        "check_cache_bytes",
+        "the config's elements_per_token_per_layer, read by operator.attrgetter",
+        lambda config, seq_len, nbytes: (
+            operator.attrgetter("elements_per_token_per_layer")(config)
+            * seq_len
+            * config.num_layers
+            * nbytes
         ),
-        (
-            "check_padding_mask",
-            "mha.masks.padding_mask imported under an alias",
-            lambda lengths, S: library_padding_mask(lengths, S),
-            "without mha.padding_mask",
-        ),
-        (
-            "check_online_softmax_update",
-            "mha.flash.online_softmax_update",
-            lambda *args: flash.online_softmax_update(*args),
-            "without mha.online_softmax_update",
-        ),
-        (
-            "check_softmax_backward",
-            "torch.autograd.grad imported under an alias before the check",
-            lambda p, dp: autograd_grad(torch.softmax(s := p.log().requires_grad_(), -1), s, dp)[0],
-            "without autograd",
-        ),
-        (
-            "check_softmax_backward",
-            "torch.autograd.functional.jacobian",
-            _softmax_backward_by_jacobian,
-            "without autograd",
-        ),
-        (
-            "check_softmax_backward",
-            "torch.func.vjp",
-            lambda p, dp: torch.func.vjp(lambda s: torch.softmax(s, -1), p.log())[1](dp)[0],
-            "without autograd",
-        ),
-        (
-            "check_softmax_backward",
-            "torch's softmax backward kernel",
-            lambda p, dp: torch._softmax_backward_data(dp, p, -1, p.dtype),
-            "without autograd",
-        ),
-        (
-            "check_attention_backward",
-            "torch.autograd.grad imported under an alias before the check",
-            _attention_backward_by(autograd_grad),
-            "without autograd",
-        ),
-        (
-            "check_attention_backward",
-            "torch.autograd.grad imported inside the answer",
-            _attention_backward_by(_grad_imported_inside),
-            "without autograd",
-        ),
-        (
-            "check_attention_backward",
-            ".backward()",
-            _attention_backward_by(_by_backward),
-            "autograd",
-        ),
-        (
-            "check_attention_backward",
-            "torch.autograd.backward",
-            _attention_backward_by(_by_torch_autograd_backward),
-            "without autograd",
-        ),
-        (
-            "check_attention_backward",
-            "the error caught and the formulas used instead",
-            _attention_backward_by(_caught),
-            "without autograd",
-        ),
-        (
-            "check_attention_backward",
-            "mha.flash.flash_attention_backward",
-            ch07._by_flash_backward,
-            "flash_attention_backward",
-        ),
-        (
-            "check_rope",
-            "from mha import apply_rope, before the check",
-            lambda x, positions: apply_rope(x, positions),
-            "without mha.apply_rope",
-        ),
-        ("check_rope", "mha.apply_rope passed itself", apply_rope, "without mha.apply_rope"),
-        (
-            "check_rope",
-            "mha.rope.apply_rope",
-            lambda x, positions: rope.apply_rope(x, positions),
-            "without mha.apply_rope",
-        ),
-        (
-            "check_merge_partials",
-            "from mha import merge_partials, before the check",
-            lambda out1, lse1, out2, lse2: merge_partials(
-                torch.stack([out1, out2]), torch.stack([lse1, lse2])
-            )[0],
-            "without mha.merge_partials",
-        ),
-        (
-            "check_merge_partials",
-            "mha.decoding.merge_partials imported inside",
-            lambda out1, lse1, out2, lse2: __import__("mha.decoding").decoding.merge_partials(
-                torch.stack([out1, out2]), torch.stack([lse1, lse2])
-            )[0],
-            "without mha.merge_partials",
-        ),
-        (
-            "check_cache_bytes",
-            "from mha.kv_memory import kv_cache_bytes, before the check",
-            lambda config, seq_len, nbytes: cache_bytes_alias(
-                config, seq_len, bytes_per_element=nbytes
-            ),
-            "without mha.kv_cache_bytes",
-        ),
-        (
-            "check_cache_bytes",
-            "functools.partial of mha.kv_memory.kv_cache_bytes",
-            lambda config, seq_len, nbytes: functools.partial(kv_memory.kv_cache_bytes, config)(
-                seq_len, bytes_per_element=nbytes
-            ),
-            "without mha.kv_cache_bytes",
-        ),
-        (
-            "check_cache_bytes",
-            "the config's elements_per_token_per_layer, read by operator.attrgetter",
-            lambda config, seq_len, nbytes: (
-                operator.attrgetter("elements_per_token_per_layer")(config)
-                * seq_len
-                * config.num_layers
-                * nbytes
-            ),
-            "elements_per_token_per_layer",
-        ),
-        (
-            "check_cache_bytes",
-            "the config's uses_window, inside a generator",
-            lambda config, seq_len, nbytes: (
-                nbytes
-                * sum(
-                    (
-                        min(seq_len, config.sliding_window or seq_len)
-                        if config.uses_window(i)
-                        else seq_len
-                    )
-                    * (config.kv_lora_rank or 2 * config.num_kv_heads * config.head_dim)
-                    for i in range(config.num_layers)
+        "elements_per_token_per_layer",
+    ),
+    (
+        "check_cache_bytes",
+        "the config's uses_window, inside a generator",
+        lambda config, seq_len, nbytes: (
+            nbytes
+            * sum(
+                (
+                    min(seq_len, config.sliding_window or seq_len)
+                    if config.uses_window(i)
+                    else seq_len
                 )
-            ),
-            "uses_window",
+                * (config.kv_lora_rank or 2 * config.num_kv_heads * config.head_dim)
+                for i in range(config.num_layers)
+            )
         ),
-        (
-            "check_delta_step",
-            "from mha.gated_delta import gated_delta_rule, before the check, one token as a sequence",
-            lambda state, k, v, g, beta: gated_delta_alias(
-                *(t.reshape(1, -1, 1, t.shape[-1]) for t in (k, k, v)),  # (1, N, 1, D)
-                g.reshape(1, -1, 1),
-                beta.reshape(1, -1, 1),
-                chunk_size=None,
-                initial_state=state.reshape(1, -1, *state.shape[-2:]),  # (1, N, Dk, Dv)
-                output_final_state=True,
-            )[1].reshape(state.shape),
-            "without mha.gated_delta_rule",
-        ),
-    ]
-)
+        "uses_window",
+    ),
+    (
+        "check_delta_step",
+        "mha.gated_delta_rule imported under an alias, one token as a sequence",
+        lambda state, k, v, g, beta: gated_delta_step_by_library(state, k, v, g, beta),
+        "without mha.gated_delta_rule",
+    ),
+]
 
 
 def _library() -> tuple:
@@ -298,7 +292,7 @@ def _library() -> tuple:
         mha.kv_cache_bytes,
         kv_memory.AttentionConfig.uses_window,
         mha.gated_delta_rule,
-        gated_delta.gated_delta_rule,
+        sys.modules["mha.gated_delta"].gated_delta_rule,
         flash.flash_attention_backward,
         mha.padding_mask,
         mha.MultiHeadAttention.forward,
