@@ -19,12 +19,11 @@ import numpy as np
 import torch
 import transformers
 
-ROOT = Path(__file__).resolve().parent.parent
-
 FAMILIES: dict[str, Callable[[], None]] = {}
 
 
 # --- gated_delta: Qwen3-Next's gated delta rule (section 10.5, mha.gated_delta_rule) -----------
+# (a block of its own: at a merge it goes after the FAMILIES dict, before main)
 #
 # HF's torch reference takes (B, L, H, D) tensors, L2-normalises q and k itself when
 # use_qk_l2norm_in_kernel=True, scales q by 1/sqrt(Dk), and returns (out (B, L, H, Dv), state
@@ -32,7 +31,8 @@ FAMILIES: dict[str, Callable[[], None]] = {}
 # l2norm) and what it returned; tests/test_gated_delta.py moves the layout to (B, H, L, D) and
 # normalises q and k before calling mha.gated_delta_rule, which expects them normalised.
 
-GATED_DELTA_DIR = ROOT / "tests" / "fixtures" / "hf"
+GATED_DELTA_ROOT = Path(__file__).resolve().parent.parent  # the repository
+GATED_DELTA_DIR = GATED_DELTA_ROOT / "tests" / "fixtures" / "hf"
 
 
 def _gated_delta_inputs(seed: int, B: int, L: int, H: int, Dk: int, Dv: int) -> dict:
@@ -79,7 +79,7 @@ def make_gated_delta() -> None:
         }
         path = GATED_DELTA_DIR / f"gated_delta_{case}.npz"
         np.savez_compressed(path, **arrays)
-        print(f"{path.relative_to(ROOT)}: {path.stat().st_size} bytes")
+        print(f"{path.relative_to(GATED_DELTA_ROOT)}: {path.stat().st_size} bytes")
 
 
 FAMILIES["gated_delta"] = make_gated_delta
