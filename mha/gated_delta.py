@@ -73,6 +73,8 @@ def gated_delta_rule(
         query ``(B, H, L, Dk)``, key ``(B, H, L, Dk)``, value ``(B, H, L, Dv)``, g and beta
         ``(B, H, L)``, initial_state ``(B, H, Dk, Dv)`` -> out ``(B, H, L, Dv)``, and the final
         state ``(B, H, Dk, Dv)`` with ``output_final_state=True``.
+        A model with fewer query/key heads than value heads (Qwen3-Next: 16 and 32) repeats
+        them first, ``query.repeat_interleave(H // Hk, dim=1)``, as Hugging Face's code does.
 
     Returns:
         ``out``, or ``(out, final_state)``. ``out`` has ``value``'s dtype; float16/bfloat16

@@ -27,15 +27,18 @@ def _load(path: Path) -> dict:
 
 
 def _ours_layout(x: dict) -> tuple:
-    """HF's (B, L, H, D) inputs as ours, (B, H, L, D), with q and k normalised as HF did."""
-    q, k = (F.normalize(x[n], dim=-1).transpose(1, 2) for n in ("query", "key"))  # (B, H, L, Dk)
+    """HF's (B, L, H, D) inputs as ours, (B, H, L, D), with q and k normalised as HF did; fewer
+    q/k heads than value heads are repeated, each serving consecutive value heads (HF's order)."""
+    q, k = (F.normalize(x[n], dim=-1).transpose(1, 2) for n in ("query", "key"))  # (B, Hk, L, Dk)
     v = x["value"].transpose(1, 2)  # (B, H, L, Dv)
+    group = v.shape[1] // k.shape[1]
+    q, k = (t.repeat_interleave(group, dim=1) for t in (q, k))  # (B, H, L, Dk)
     g, beta = (x[n].transpose(1, 2) for n in ("g", "beta"))  # (B, H, L)
     return q, k, v, g, beta
 
 
 def test_fixtures_exist():
-    assert len(FIXTURES) == 4, FIXTURES
+    assert len(FIXTURES) == 5, FIXTURES
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)

@@ -35,12 +35,16 @@ GATED_DELTA_ROOT = Path(__file__).resolve().parent.parent  # the repository
 GATED_DELTA_DIR = GATED_DELTA_ROOT / "tests" / "fixtures" / "hf"
 
 
-def _gated_delta_inputs(seed: int, B: int, L: int, H: int, Dk: int, Dv: int) -> dict:
-    """Random q, k, v (B, L, H, D), log-decays g <= 0, betas in (0, 1), a state (B, H, Dk, Dv)."""
+def _gated_delta_inputs(
+    seed: int, B: int, L: int, H: int, Dk: int, Dv: int, Hk: int | None = None
+) -> dict:
+    """Random q, k (B, L, Hk, Dk), v (B, L, H, Dv), log-decays g <= 0, betas in (0, 1), a state
+    (B, H, Dk, Dv). Hk < H: each q/k head serves H // Hk value heads (Qwen3-Next: 16 and 32)."""
     gen = torch.Generator().manual_seed(seed)
+    Hk = H if Hk is None else Hk
     return {
-        "query": torch.randn(B, L, H, Dk, generator=gen),
-        "key": torch.randn(B, L, H, Dk, generator=gen),
+        "query": torch.randn(B, L, Hk, Dk, generator=gen),
+        "key": torch.randn(B, L, Hk, Dk, generator=gen),
         "value": torch.randn(B, L, H, Dv, generator=gen),
         # like the model: g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)
         "g": -torch.exp(torch.randn(H, generator=gen) * 0.5)
@@ -54,15 +58,16 @@ def make_gated_delta() -> None:
     """Both of HF's forms, with and without an initial state, a length that no chunk divides."""
     from transformers.models.qwen3_next import modeling_qwen3_next as hf
 
-    cases = {  # name: (function, chunk_size, L, initial state?)
-        "chunk16_state": (hf.torch_chunk_gated_delta_rule, 16, 37, True),
-        "chunk64": (hf.torch_chunk_gated_delta_rule, 64, 100, False),
-        "recurrent_state": (hf.torch_recurrent_gated_delta_rule, None, 37, True),
-        "recurrent": (hf.torch_recurrent_gated_delta_rule, None, 20, False),
+    cases = {  # name: (function, chunk_size, L, initial state?, q/k heads)
+        "chunk16_state": (hf.torch_chunk_gated_delta_rule, 16, 37, True, 2),
+        "chunk64": (hf.torch_chunk_gated_delta_rule, 64, 100, False, 2),
+        "recurrent_state": (hf.torch_recurrent_gated_delta_rule, None, 37, True, 2),
+        "recurrent": (hf.torch_recurrent_gated_delta_rule, None, 20, False, 2),
+        "chunk8_shared_keys": (hf.torch_chunk_gated_delta_rule, 8, 19, True, 1),
     }
     GATED_DELTA_DIR.mkdir(parents=True, exist_ok=True)
-    for seed, (case, (fn, chunk_size, L, with_state)) in enumerate(cases.items()):
-        x = _gated_delta_inputs(seed, B=2, L=L, H=2, Dk=8, Dv=6)
+    for seed, (case, (fn, chunk_size, L, with_state, Hk)) in enumerate(cases.items()):
+        x = _gated_delta_inputs(seed, B=2, L=L, H=2, Dk=8, Dv=6, Hk=Hk)
         state = x["initial_state"] if with_state else None
         kwargs = {} if chunk_size is None else {"chunk_size": chunk_size}
         out, final = fn(
