@@ -3,6 +3,7 @@
 * one step of the gated delta rule (fade, read, correct); mistakes: no fading, the correction read
   from the unfaded memory, the fading after the write, no correction (linear attention), no
   ``beta``, ``g`` used as a factor instead of a log, and ``mha.gated_delta_rule``, banned;
+* the half-life of a constant gate; mistakes: 1/e instead of 1/2, the sign, log10, a linear fade;
 * the corrections of a chunk as one triangular solve; mistakes: the decay left out, the
   diagonal counted twice, ``beta`` on the wrong index or left out, the sign of the system, no
   system at all;
@@ -13,6 +14,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -132,6 +134,67 @@ DELTA_STEP = Exercise(
     params=("delta_step",),
     doc="Check ``delta_step(state, k, v, g, beta) -> new_state``: one token of the gated delta "
     "rule, state ``(..., Dk, Dv)``, k ``(..., Dk)``, v ``(..., Dv)``, g and beta ``(...)``.",
+)
+
+# --- the gate's half-life ---------------------------------------------------------------------
+
+
+def _half_life_reference(g: Tensor) -> Tensor:
+    """exp(g · t) = 1/2  <=>  t = ln(1/2) / g = -ln 2 / g."""
+    return -torch.log(torch.tensor(2.0, dtype=g.dtype)) / g
+
+
+def _half_life_cases() -> list[Case]:
+    gen = torch.Generator().manual_seed(1050)
+    return [
+        Case("half_life(tensor([-0.01]))", (torch.tensor([-0.01], dtype=torch.float64),)),
+        Case(
+            "half_life(g) with g (3, 4) in (-2, -0.001)",
+            (-torch.rand(3, 4, generator=gen, dtype=torch.float64) * 2 - 1e-3,),
+        ),
+        Case("half_life(tensor(-0.5))", (torch.tensor(-0.5, dtype=torch.float64),)),
+    ]
+
+
+_HINT_HALF_LIFE = (
+    "After t tokens with the same log-decay g the memory is multiplied by exp(g · t); "
+    "solve exp(g · t) = 1/2 for t (g < 0, so t > 0)."
+)
+
+HALF_LIFE = Exercise(
+    "check_half_life",
+    "the tokens after which a constant gate leaves half of the memory",
+    _half_life_reference,
+    _half_life_cases,
+    variants=(
+        lambda g: math.log(0.5) / g,
+        lambda g: torch.log(torch.full_like(g, 0.5)) / g,
+    ),
+    mistakes=(
+        (
+            lambda g: -1 / g,
+            "That is when exp(g · t) reaches 1/e, not 1/2: the half-life is ln 2 times that. "
+            + _HINT_HALF_LIFE,
+        ),
+        (
+            lambda g: math.log(2) / g,
+            "A half-life is a positive number of tokens, and g is negative. " + _HINT_HALF_LIFE,
+        ),
+        (
+            lambda g: -math.log10(2) / g,
+            "The decay is exp(g · t): use the natural logarithm. " + _HINT_HALF_LIFE,
+        ),
+        (
+            lambda g: 0.5 / -g,
+            "The memory does not fade linearly, by |g| per token: it is multiplied by exp(g) "
+            "per token. " + _HINT_HALF_LIFE,
+        ),
+    ),
+    hint=_HINT_HALF_LIFE,
+    crash_hint="g is a tensor of log-decays (any shape); return a tensor of the same shape.",
+    params=("half_life",),
+    doc="Check ``half_life(g) -> tokens``: how many tokens a constant log-decay ``g < 0`` takes "
+    "to halve the memory, elementwise over a tensor.",
 )
 
 # --- the corrections of a chunk ----------------------------------------------------------------
