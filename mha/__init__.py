@@ -5,6 +5,8 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
 * :func:`scaled_dot_product_attention` — the readable reference (``mha/attention.py``)
 * :func:`flash_attention` — FlashAttention's tiled forward pass in plain PyTorch (``mha/flash.py``)
 * :func:`linear_attention` — kernel-feature-map attention in O(L) (``mha/linear_attention.py``)
+* :func:`gated_delta_rule` — the gated delta rule of Gated DeltaNet, recurrent and chunked
+  (``mha/gated_delta.py``)
 * :func:`causal_mask`, :func:`padding_mask`, :func:`sliding_window_mask` — keep-masks (``mha/masks.py``)
 * :class:`MultiHeadAttention`, :class:`KVCache` — the module and its decoding cache (``mha/multihead.py``)
 * :class:`TransformerBlock` — that module in a pre-norm Transformer block, with an MLP (``mha/block.py``)
@@ -50,6 +52,7 @@ from .block import TransformerBlock
 from .decoding import PreallocatedKVCache, flash_decoding, merge_partials
 from .distributed import TensorParallelAttention, count_traffic, ring_attention
 from .flash import flash_attention, online_softmax_update, tile_schedule
+from .gated_delta import gated_delta_rule
 from .kv_memory import AttentionConfig, kv_cache_bytes
 from .kv_quant import QuantizedKV, QuantizedKVCache, quantize_kv
 from .lab import MODULES as _LAB_MODULES
@@ -108,6 +111,7 @@ __all__ = [
     "figures",
     "fit",
     "flash_attention",
+    "gated_delta_rule",
     "flash_decoding",
     "flex",
     "from_hf",

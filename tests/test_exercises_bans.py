@@ -29,6 +29,7 @@ import mha.exercises
 from mha import apply_rope, decoding, flash, kv_memory, merge_partials, rope  # likewise
 from mha.exercises import EXERCISES, ExerciseError, ch07
 from mha.exercises._harness import watch
+from mha.gated_delta import gated_delta_rule as gated_delta_alias  # likewise
 from mha.kv_memory import kv_cache_bytes as cache_bytes_alias  # likewise
 from mha.masks import padding_mask as library_padding_mask
 
@@ -88,6 +89,19 @@ def _sink_backward_by_softmax_kernel(q, k, v, sink, d_out):
     ds = torch._softmax_backward_data(dp, p, -1, p.dtype)  # (B, H, L, S + 1)
     dq, dk = ds[..., :-1] @ k / math.sqrt(D), ds[..., :-1].mT @ q / math.sqrt(D)
     return dq, dk, p[..., :-1].mT @ d_out, ds[..., -1].sum((0, 2))
+
+
+def gated_delta_step_by_library(state, k, v, g, beta):
+    """One gated delta step through the banned function: the token as a sequence of length 1."""
+    out = gated_delta_alias(
+        *(t.reshape(1, -1, 1, t.shape[-1]) for t in (k, k, v)),  # (1, N, 1, D)
+        g.reshape(1, -1, 1),
+        beta.reshape(1, -1, 1),
+        chunk_size=None,
+        initial_state=state.reshape(1, -1, *state.shape[-2:]),  # (1, N, Dk, Dv)
+        output_final_state=True,
+    )
+    return out[1].reshape(state.shape)
 
 
 SOFTMAX_EVASIONS = {
@@ -327,6 +341,12 @@ EVASIONS = [
         lambda x: tuple(mha.quantize_kv(x, granularity="channel")),
         "without mha.quantize_kv",
     ),
+    (
+        "check_delta_step",
+        "mha.gated_delta_rule imported under an alias, one token as a sequence",
+        lambda state, k, v, g, beta: gated_delta_step_by_library(state, k, v, g, beta),
+        "without mha.gated_delta_rule",
+    ),
 ]
 
 
@@ -346,6 +366,8 @@ def _library() -> tuple:
         decoding.merge_partials,
         mha.kv_cache_bytes,
         kv_memory.AttentionConfig.uses_window,
+        mha.gated_delta_rule,
+        sys.modules["mha.gated_delta"].gated_delta_rule,
         flash.flash_attention_backward,
         mha.padding_mask,
         mha.MultiHeadAttention.forward,
