@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, cast
@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from .. import validation as validate
 from ..attention import _attention
 from ..masks import _causal_mask
+from . import _hf
 
 
 @dataclass(frozen=True)
@@ -443,6 +444,16 @@ def _rope_config(config: Mapping[str, Any]) -> tuple[float, YaRN | None]:
     return float(base), yarn
 
 
+def _check_config(
+    config: Mapping[str, Any], family: str, need: Sequence[str], layer_idx: int
+) -> tuple[float, YaRN | None]:
+    """Check that ``config`` has every key of ``need`` and a layer ``layer_idx``; return its
+    RoPE ``(base, yarn)``."""
+    _hf.require(config, family, *need)
+    _hf.check_layer_idx(config, layer_idx)
+    return _rope_config(config)
+
+
 def from_hf(
     config: Mapping[str, Any], state_dict: Mapping[str, Any], *, layer_idx: int = 0
 ) -> DeepSeekMLA:
@@ -450,13 +461,7 @@ def from_hf(
 
     Every layer of DeepSeek-V2/V3 has the same attention, so ``layer_idx`` only has to exist.
     """
-    missing = [k for k in _REQUIRED if config.get(k) is None]
-    if missing:
-        raise ValueError(f"deepseek_v3 config is missing {missing}")
-    layers = config.get("num_hidden_layers")
-    if layers is not None and not 0 <= layer_idx < layers:
-        raise ValueError(f"layer_idx ({layer_idx}) must be in [0, {layers}) (num_hidden_layers)")
-    base, yarn = _rope_config(config)
+    base, yarn = _check_config(config, "deepseek_v3", _REQUIRED, layer_idx)
     module = DeepSeekMLA(
         config["hidden_size"],
         config["num_attention_heads"],
@@ -479,12 +484,7 @@ def load_weights(module: nn.Module, state_dict: Mapping[str, Any]) -> None:
     """Copy Hugging Face weights (tensors or numpy arrays) into ``module``, checking every name
     and shape: ``ValueError`` names the missing, unexpected and misshapen ones."""
     own = module.state_dict()
-    missing = sorted(set(own) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(own))
-    if missing or unexpected:
-        raise ValueError(
-            f"state_dict does not fit the config: missing keys {missing}, unexpected keys {unexpected}"
-        )
+    _hf.check_keys(own, state_dict, "state_dict")
     weights = {
         k: torch.as_tensor(np.asarray(v)) if not isinstance(v, Tensor) else v
         for k, v in state_dict.items()

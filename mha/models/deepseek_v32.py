@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from .. import validation as validate
 from ..sparse import _topk_sparse
-from .deepseek_v3 import _REQUIRED, DeepSeekMLA, _rope_config, load_weights, rotate
+from .deepseek_v3 import _REQUIRED, DeepSeekMLA, _check_config, load_weights, rotate
 
 
 class LightningIndexer(nn.Module):
@@ -130,13 +130,7 @@ def from_hf(
     """A :class:`DeepSeekSparseMLA` from a Hugging Face ``DeepseekV32Attention``'s config and
     weights (its own keys, the indexer's included)."""
     need = (*_REQUIRED, "q_lora_rank", "index_topk", "index_n_heads", "index_head_dim")
-    missing = [k for k in need if config.get(k) is None]
-    if missing:
-        raise ValueError(f"deepseek_v32 config is missing {missing}")
-    layers = config.get("num_hidden_layers")
-    if layers is not None and not 0 <= layer_idx < layers:
-        raise ValueError(f"layer_idx ({layer_idx}) must be in [0, {layers}) (num_hidden_layers)")
-    base, yarn = _rope_config(config)
+    base, yarn = _check_config(config, "deepseek_v32", need, layer_idx)
     module = DeepSeekSparseMLA(
         config["hidden_size"],
         config["num_attention_heads"],
