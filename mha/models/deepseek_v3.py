@@ -444,14 +444,27 @@ def _rope_config(config: Mapping[str, Any]) -> tuple[float, YaRN | None]:
     return float(base), yarn
 
 
-def _check_config(
+def _mla_arguments(
     config: Mapping[str, Any], family: str, need: Sequence[str], layer_idx: int
-) -> tuple[float, YaRN | None]:
-    """Check that ``config`` has every key of ``need`` and a layer ``layer_idx``; return its
-    RoPE ``(base, yarn)``."""
+) -> dict[str, Any]:
+    """Check that ``config`` has every key of ``need`` and a layer ``layer_idx``; return the
+    keyword arguments of :class:`DeepSeekMLA` it sets (all but ``hidden_size`` and
+    ``num_heads``)."""
     _hf.require(config, family, *need)
     _hf.check_layer_idx(config, layer_idx)
-    return _rope_config(config)
+    base, yarn = _rope_config(config)
+    return {
+        "kv_lora_rank": config["kv_lora_rank"],
+        "qk_nope_head_dim": config["qk_nope_head_dim"],
+        "qk_rope_head_dim": config["qk_rope_head_dim"],
+        "v_head_dim": config["v_head_dim"],
+        "q_lora_rank": config.get("q_lora_rank"),
+        "rope_theta": base,
+        "rope_interleave": bool(config.get("rope_interleave", True)),
+        "yarn": yarn,
+        "rms_norm_eps": float(config.get("rms_norm_eps", 1e-6)),
+        "bias": bool(config.get("attention_bias", False)),
+    }
 
 
 def from_hf(
@@ -461,21 +474,8 @@ def from_hf(
 
     Every layer of DeepSeek-V2/V3 has the same attention, so ``layer_idx`` only has to exist.
     """
-    base, yarn = _check_config(config, "deepseek_v3", _REQUIRED, layer_idx)
-    module = DeepSeekMLA(
-        config["hidden_size"],
-        config["num_attention_heads"],
-        kv_lora_rank=config["kv_lora_rank"],
-        qk_nope_head_dim=config["qk_nope_head_dim"],
-        qk_rope_head_dim=config["qk_rope_head_dim"],
-        v_head_dim=config["v_head_dim"],
-        q_lora_rank=config.get("q_lora_rank"),
-        rope_theta=base,
-        rope_interleave=bool(config.get("rope_interleave", True)),
-        yarn=yarn,
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-        bias=bool(config.get("attention_bias", False)),
-    )
+    mla = _mla_arguments(config, "deepseek_v3", _REQUIRED, layer_idx)
+    module = DeepSeekMLA(config["hidden_size"], config["num_attention_heads"], **mla)
     load_weights(module, state_dict)
     return module
 
