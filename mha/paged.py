@@ -306,6 +306,26 @@ class PagedKVCache:
             self._free.append(block)
 
 
+def _check_decode_step(
+    query: Tensor,
+    key_pool: Tensor,
+    value_pool: Tensor,
+    block_table: Tensor,
+    seq_lens: Tensor,
+    scale: float | None,
+) -> tuple[int, int, float]:
+    """Check the arguments of one paged decode step (:func:`validate.paged`, and a query of
+    length 1); return the group size ``H // Hkv``, the block size and the scale (``1/sqrt(D)``
+    if ``scale`` is None)."""
+    groups, block_size = validate.paged(query, key_pool, value_pool, block_table, seq_lens)
+    if query.shape[2] != 1:
+        raise ValueError(
+            f"query must be one decode step (B, H, 1, D), got query {validate.shape(query)}"
+        )
+    checked = validate.scale(scale)
+    return groups, block_size, 1.0 / math.sqrt(query.shape[-1]) if checked is None else checked
+
+
 def paged_attention(
     query: Tensor,
     key_pool: Tensor,
@@ -337,13 +357,7 @@ def paged_attention(
         Grouped-query attention when ``H`` is a multiple of ``Hkv`` (query head ``i`` reads
         key/value head ``i // (H // Hkv)``).
     """
-    groups, _ = validate.paged(query, key_pool, value_pool, block_table, seq_lens)
-    if query.shape[2] != 1:
-        raise ValueError(
-            f"query must be one decode step (B, H, 1, D), got query {validate.shape(query)}"
-        )
-    scale = validate.scale(scale)
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    _, _, scale = _check_decode_step(query, key_pool, value_pool, block_table, seq_lens, scale)
     out, _ = _paged_attention(query, key_pool, value_pool, block_table, seq_lens, scale)
     return out
 

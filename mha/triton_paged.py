@@ -19,12 +19,12 @@ without a GPU).
 """
 
 # No `from __future__ import annotations` here: Triton reads the `tl.constexpr` annotations.
-import math
 
 import torch
 from torch import Tensor
 
 from . import validation as validate
+from .paged import _check_decode_step
 from .triton_flash import (
     HAS_TRITON,
     LOG2E,
@@ -144,13 +144,9 @@ def triton_paged_attention(
         query ``(B, H, 1, D)``, pools ``(N, Hkv, block_size, D)`` and ``(N, Hkv, block_size, Dv)``,
         block_table ``(B, M)``, seq_lens ``(B,)``; returns ``(B, H, 1, Dv)`` in query's dtype.
     """
-    groups, block_size = validate.paged(query, key_pool, value_pool, block_table, seq_lens)
-    if query.shape[2] != 1:
-        raise ValueError(
-            f"query must be one decode step (B, H, 1, D), got query {validate.shape(query)}"
-        )
-    scale = validate.scale(scale)
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    groups, block_size, scale = _check_decode_step(
+        query, key_pool, value_pool, block_table, seq_lens, scale
+    )
     _require_triton()
     _check_dtype("query", query)
     for name, D in (("key_pool", key_pool.shape[-1]), ("value_pool", value_pool.shape[-1])):

@@ -114,6 +114,22 @@ def one_of(name: str, value: Any, choices: Sequence[object]) -> object:
     return value
 
 
+def _qkv_agree(query: Tensor, key: Tensor, value: Tensor) -> None:
+    """Query, key and value share a dtype and a device, and query and key a head dim."""
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(
+            f"query, key and value must share a dtype, got {query.dtype}, {key.dtype} and {value.dtype}"
+        )
+    if not (query.device == key.device == value.device):
+        raise ValueError(
+            f"query, key and value must be on one device, got {query.device}, {key.device} and {value.device}"
+        )
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            f"query and key must have the same head dim, got query {shape(query)} and key {shape(key)}"
+        )
+
+
 def qkv(query: Any, key: Any, value: Any, *, enable_gqa: bool = False) -> int:
     """Check that query, key and value fit together; return the group size ``H // Hkv``.
 
@@ -129,18 +145,7 @@ def qkv(query: Any, key: Any, value: Any, *, enable_gqa: bool = False) -> int:
             raise ValueError(
                 f"{name} must have at least 2 dims (..., length, dim), got shape {shape(t)}"
             )
-    if not (query.dtype == key.dtype == value.dtype):
-        raise TypeError(
-            f"query, key and value must share a dtype, got {query.dtype}, {key.dtype} and {value.dtype}"
-        )
-    if not (query.device == key.device == value.device):
-        raise ValueError(
-            f"query, key and value must be on one device, got {query.device}, {key.device} and {value.device}"
-        )
-    if query.shape[-1] != key.shape[-1]:
-        raise ValueError(
-            f"query and key must have the same head dim, got query {shape(query)} and key {shape(key)}"
-        )
+    _qkv_agree(query, key, value)
     if key.shape[-2] != value.shape[-2]:
         raise ValueError(
             f"key and value must have the same length S, got key {shape(key)} and value {shape(value)}"
@@ -244,18 +249,7 @@ def packed_qkv(query: Any, key: Any, value: Any) -> int:
     }
     for name, t in (("query", query), ("key", key), ("value", value)):
         tensor(name, t, floating=True, ndim=3, layout=layouts[name])
-    if not (query.dtype == key.dtype == value.dtype):
-        raise TypeError(
-            f"query, key and value must share a dtype, got {query.dtype}, {key.dtype} and {value.dtype}"
-        )
-    if not (query.device == key.device == value.device):
-        raise ValueError(
-            f"query, key and value must be on one device, got {query.device}, {key.device} and {value.device}"
-        )
-    if query.shape[-1] != key.shape[-1]:
-        raise ValueError(
-            f"query and key must have the same head dim, got query {shape(query)} and key {shape(key)}"
-        )
+    _qkv_agree(query, key, value)
     if key.shape[:2] != value.shape[:2]:
         raise ValueError(
             f"key and value must have the same total_k and Hkv, got key {shape(key)} and value {shape(value)}"

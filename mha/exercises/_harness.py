@@ -536,3 +536,13 @@ def publish(namespace: dict[str, Any]) -> tuple[Exercise, ...]:
     for ex in exercises:
         namespace[ex.name] = ex.checker()
     return exercises
+
+
+def gather(namespace: dict[str, Any], sections: Sequence[Any]) -> tuple[Exercise, ...]:
+    """Make the public checkers of a chapter's section modules the chapter package's own (in
+    ``namespace``, its globals); return the chapter's exercises in section order."""
+    exercises = tuple(ex for section in sections for ex in section.EXERCISES)
+    for section in sections:
+        for ex in section.EXERCISES:
+            namespace[ex.name] = getattr(section, ex.name)  # the section's own checker
+    return exercises

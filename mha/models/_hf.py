@@ -38,6 +38,43 @@ def head_dim(config: Mapping[str, Any], family: str) -> int:
     return int(E) // int(H)
 
 
+def attention_dims(config: Mapping[str, Any], family: str) -> tuple[int, int, int, int]:
+    """``(E, H, Hkv, D)`` of a GQA layer: hidden size, query heads, key/value heads, head dim."""
+    E, H, Hkv = require(config, family, "hidden_size", "num_attention_heads", "num_key_value_heads")
+    return int(E), int(H), int(Hkv), head_dim(config, family)
+
+
+def check_layer_idx(config: Mapping[str, Any], layer_idx: int) -> None:
+    """A ValueError unless ``0 <= layer_idx < num_hidden_layers`` (when the config says it)."""
+    layers = config.get("num_hidden_layers")
+    if layers is not None and not 0 <= layer_idx < layers:
+        raise ValueError(f"layer_idx ({layer_idx}) must be in [0, {layers}) (num_hidden_layers)")
+
+
+def projections(
+    hidden_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    *,
+    bias: bool,
+    q_parts: int = 1,
+) -> tuple[nn.Linear, nn.Linear, nn.Linear, nn.Linear]:
+    """``q_proj, k_proj, v_proj, o_proj`` of a GQA layer (``q_proj`` makes ``q_parts`` vectors of
+    ``head_dim`` per head, e.g. 2 for a query and a gate); a ValueError unless ``num_kv_heads``
+    divides ``num_heads``."""
+    if num_heads % num_kv_heads:
+        raise ValueError(
+            f"num_heads ({num_heads}) must be divisible by num_kv_heads ({num_kv_heads})"
+        )
+    return (
+        nn.Linear(hidden_size, num_heads * head_dim * q_parts, bias=bias),
+        nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias),
+        nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias),
+        nn.Linear(num_heads * head_dim, hidden_size, bias=bias),
+    )
+
+
 def rope(config: Mapping[str, Any], family: str, head_dim: int) -> tuple[Tensor, float, int]:
     """RoPE as the config sets it: ``(frequencies (R/2,), attention_factor, rotary_dim R)``.
 
@@ -84,16 +121,21 @@ def rope(config: Mapping[str, Any], family: str, head_dim: int) -> tuple[Tensor,
 M = TypeVar("M", bound=nn.Module)
 
 
-def load(module: M, state_dict: Mapping[str, Any], family: str) -> M:
-    """Copy HF's weights into ``module`` (same keys); a ValueError names what does not fit."""
-    expected = module.state_dict()
+def check_keys(expected: Mapping[str, Any], state_dict: Mapping[str, Any], what: str) -> None:
+    """A ValueError naming the keys of ``expected`` that ``state_dict`` lacks and the ones it
+    has besides (``what`` names it in the message, e.g. ``"gpt_oss state_dict"``)."""
     missing = sorted(set(expected) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(expected))
     if missing or unexpected:
         raise ValueError(
-            f"{family} state_dict does not fit the config: missing keys {missing}, "
-            f"unexpected keys {unexpected}"
+            f"{what} does not fit the config: missing keys {missing}, unexpected keys {unexpected}"
         )
+
+
+def load(module: M, state_dict: Mapping[str, Any], family: str) -> M:
+    """Copy HF's weights into ``module`` (same keys); a ValueError names what does not fit."""
+    expected = module.state_dict()
+    check_keys(expected, state_dict, f"{family} state_dict")
     weights = {}
     for name, target in expected.items():
         value = torch.as_tensor(state_dict[name])

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, cast
@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from .. import validation as validate
 from ..attention import _attention
 from ..masks import _causal_mask
+from . import _hf
 
 
 @dataclass(frozen=True)
@@ -443,6 +444,29 @@ def _rope_config(config: Mapping[str, Any]) -> tuple[float, YaRN | None]:
     return float(base), yarn
 
 
+def _mla_arguments(
+    config: Mapping[str, Any], family: str, need: Sequence[str], layer_idx: int
+) -> dict[str, Any]:
+    """Check that ``config`` has every key of ``need`` and a layer ``layer_idx``; return the
+    keyword arguments of :class:`DeepSeekMLA` it sets (all but ``hidden_size`` and
+    ``num_heads``)."""
+    _hf.require(config, family, *need)
+    _hf.check_layer_idx(config, layer_idx)
+    base, yarn = _rope_config(config)
+    return {
+        "kv_lora_rank": config["kv_lora_rank"],
+        "qk_nope_head_dim": config["qk_nope_head_dim"],
+        "qk_rope_head_dim": config["qk_rope_head_dim"],
+        "v_head_dim": config["v_head_dim"],
+        "q_lora_rank": config.get("q_lora_rank"),
+        "rope_theta": base,
+        "rope_interleave": bool(config.get("rope_interleave", True)),
+        "yarn": yarn,
+        "rms_norm_eps": float(config.get("rms_norm_eps", 1e-6)),
+        "bias": bool(config.get("attention_bias", False)),
+    }
+
+
 def from_hf(
     config: Mapping[str, Any], state_dict: Mapping[str, Any], *, layer_idx: int = 0
 ) -> DeepSeekMLA:
@@ -450,27 +474,8 @@ def from_hf(
 
     Every layer of DeepSeek-V2/V3 has the same attention, so ``layer_idx`` only has to exist.
     """
-    missing = [k for k in _REQUIRED if config.get(k) is None]
-    if missing:
-        raise ValueError(f"deepseek_v3 config is missing {missing}")
-    layers = config.get("num_hidden_layers")
-    if layers is not None and not 0 <= layer_idx < layers:
-        raise ValueError(f"layer_idx ({layer_idx}) must be in [0, {layers}) (num_hidden_layers)")
-    base, yarn = _rope_config(config)
-    module = DeepSeekMLA(
-        config["hidden_size"],
-        config["num_attention_heads"],
-        kv_lora_rank=config["kv_lora_rank"],
-        qk_nope_head_dim=config["qk_nope_head_dim"],
-        qk_rope_head_dim=config["qk_rope_head_dim"],
-        v_head_dim=config["v_head_dim"],
-        q_lora_rank=config.get("q_lora_rank"),
-        rope_theta=base,
-        rope_interleave=bool(config.get("rope_interleave", True)),
-        yarn=yarn,
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-        bias=bool(config.get("attention_bias", False)),
-    )
+    mla = _mla_arguments(config, "deepseek_v3", _REQUIRED, layer_idx)
+    module = DeepSeekMLA(config["hidden_size"], config["num_attention_heads"], **mla)
     load_weights(module, state_dict)
     return module
 
@@ -479,12 +484,7 @@ def load_weights(module: nn.Module, state_dict: Mapping[str, Any]) -> None:
     """Copy Hugging Face weights (tensors or numpy arrays) into ``module``, checking every name
     and shape: ``ValueError`` names the missing, unexpected and misshapen ones."""
     own = module.state_dict()
-    missing = sorted(set(own) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(own))
-    if missing or unexpected:
-        raise ValueError(
-            f"state_dict does not fit the config: missing keys {missing}, unexpected keys {unexpected}"
-        )
+    _hf.check_keys(own, state_dict, "state_dict")
     weights = {
         k: torch.as_tensor(np.asarray(v)) if not isinstance(v, Tensor) else v
         for k, v in state_dict.items()

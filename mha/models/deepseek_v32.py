@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from .. import validation as validate
 from ..sparse import _topk_sparse
-from .deepseek_v3 import _REQUIRED, DeepSeekMLA, _rope_config, load_weights, rotate
+from .deepseek_v3 import _REQUIRED, DeepSeekMLA, _mla_arguments, load_weights, rotate
 
 
 class LightningIndexer(nn.Module):
@@ -130,29 +130,15 @@ def from_hf(
     """A :class:`DeepSeekSparseMLA` from a Hugging Face ``DeepseekV32Attention``'s config and
     weights (its own keys, the indexer's included)."""
     need = (*_REQUIRED, "q_lora_rank", "index_topk", "index_n_heads", "index_head_dim")
-    missing = [k for k in need if config.get(k) is None]
-    if missing:
-        raise ValueError(f"deepseek_v32 config is missing {missing}")
-    layers = config.get("num_hidden_layers")
-    if layers is not None and not 0 <= layer_idx < layers:
-        raise ValueError(f"layer_idx ({layer_idx}) must be in [0, {layers}) (num_hidden_layers)")
-    base, yarn = _rope_config(config)
+    mla = _mla_arguments(config, "deepseek_v32", need, layer_idx)
+    mla["rope_interleave"] = True  # V3.2's main attention always pairs neighbours
     module = DeepSeekSparseMLA(
         config["hidden_size"],
         config["num_attention_heads"],
         index_topk=config["index_topk"],
         index_n_heads=config["index_n_heads"],
         index_head_dim=config["index_head_dim"],
-        kv_lora_rank=config["kv_lora_rank"],
-        qk_nope_head_dim=config["qk_nope_head_dim"],
-        qk_rope_head_dim=config["qk_rope_head_dim"],
-        v_head_dim=config["v_head_dim"],
-        q_lora_rank=config["q_lora_rank"],
-        rope_theta=base,
-        rope_interleave=True,  # V3.2's main attention always pairs neighbours
-        yarn=yarn,
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-        bias=bool(config.get("attention_bias", False)),
+        **mla,
     )
     load_weights(module, state_dict)
     return module

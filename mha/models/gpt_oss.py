@@ -58,16 +58,11 @@ class GptOssAttention(nn.Module):
         bias: bool = True,
     ) -> None:
         super().__init__()
-        if num_heads % num_kv_heads:
-            raise ValueError(
-                f"num_heads ({num_heads}) must be divisible by num_kv_heads ({num_kv_heads})"
-            )
         self.hidden_size, self.num_heads, self.num_kv_heads = hidden_size, num_heads, num_kv_heads
         self.head_dim, self.window, self.attention_factor = head_dim, window, attention_factor
-        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = _hf.projections(
+            hidden_size, num_heads, num_kv_heads, head_dim, bias=bias
+        )
         self.sinks = nn.Parameter(torch.zeros(num_heads))  # (H,): one logit per head
         self.register_buffer("frequencies", frequencies, persistent=False)  # (D/2,)
 
@@ -102,10 +97,7 @@ def from_hf(
     config: Mapping[str, Any], state_dict: Mapping[str, Any], *, layer_idx: int = 0
 ) -> GptOssAttention:
     """:func:`mha.from_hf` for ``family="gpt_oss"``."""
-    E, H, Hkv = _hf.require(
-        config, FAMILY, "hidden_size", "num_attention_heads", "num_key_value_heads"
-    )
-    D = _hf.head_dim(config, FAMILY)
+    E, H, Hkv, D = _hf.attention_dims(config, FAMILY)
     kind = _hf.layer_type(config, FAMILY, layer_idx)
     if kind not in {"sliding_attention", "full_attention"}:
         raise ValueError(
@@ -119,9 +111,9 @@ def from_hf(
     if R != D:
         raise ValueError(f"{FAMILY}: partial RoPE is not gpt-oss's (rotary dim {R}, head_dim {D})")
     module = GptOssAttention(
-        int(E),
-        int(H),
-        int(Hkv),
+        E,
+        H,
+        Hkv,
         D,
         window=None if window is None else int(window),
         frequencies=frequencies,

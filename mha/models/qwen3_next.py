@@ -62,18 +62,13 @@ class GatedAttention(nn.Module):
         bias: bool = False,
     ) -> None:
         super().__init__()
-        if num_heads % num_kv_heads:
-            raise ValueError(
-                f"num_heads ({num_heads}) must be divisible by num_kv_heads ({num_kv_heads})"
-            )
         self.hidden_size, self.num_heads, self.num_kv_heads = hidden_size, num_heads, num_kv_heads
         self.head_dim, self.rotary_dim = head_dim, rotary_dim
         self.attention_factor = attention_factor
         # per head: D query coordinates, then D gate coordinates (HF's layout)
-        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim * 2, bias=bias)
-        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = _hf.projections(
+            hidden_size, num_heads, num_kv_heads, head_dim, bias=bias, q_parts=2
+        )
         self.q_norm = RMSNorm(head_dim, eps=eps, zero_centered=True)  # one gain for all heads
         self.k_norm = RMSNorm(head_dim, eps=eps, zero_centered=True)
         self.register_buffer("frequencies", frequencies, persistent=False)  # (R/2,)
@@ -113,10 +108,7 @@ def from_hf(
     config: Mapping[str, Any], state_dict: Mapping[str, Any], *, layer_idx: int = 0
 ) -> GatedAttention:
     """:func:`mha.from_hf` for ``family="qwen3_next"`` (a full-attention layer)."""
-    E, H, Hkv = _hf.require(
-        config, FAMILY, "hidden_size", "num_attention_heads", "num_key_value_heads"
-    )
-    D = _hf.head_dim(config, FAMILY)
+    E, H, Hkv, D = _hf.attention_dims(config, FAMILY)
     kind = _hf.layer_type(config, FAMILY, layer_idx)
     if kind != "full_attention":
         raise ValueError(
@@ -125,9 +117,9 @@ def from_hf(
         )
     frequencies, attention_factor, R = _hf.rope(config, FAMILY, D)
     module = GatedAttention(
-        int(E),
-        int(H),
-        int(Hkv),
+        E,
+        H,
+        Hkv,
         D,
         frequencies=frequencies,
         rotary_dim=R,

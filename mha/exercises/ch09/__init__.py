@@ -1,12 +1,9 @@
 """Chapter 9, serving attention: the exercises, one module per section (9.1 ...), each its
 exercises as data for :mod:`.._harness`."""
 
+from .._harness import gather
 from . import distributed, paged_cache, quant, varlen
 
 SECTIONS = (paged_cache, varlen, quant, distributed)
 #: The chapter's exercises in section order.
-EXERCISES = tuple(ex for section in SECTIONS for ex in section.EXERCISES)
-for _section in SECTIONS:
-    for _ex in _section.EXERCISES:
-        globals()[_ex.name] = getattr(_section, _ex.name)  # the section's own checker
-del _section, _ex
+EXERCISES = gather(globals(), SECTIONS)

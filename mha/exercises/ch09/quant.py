@@ -9,6 +9,9 @@ forgotten in the byte count, and the library's own function, which the exercises
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -57,11 +60,44 @@ _HINT_TOKEN = (
 )
 _NO_QUANTIZE = "write it yourself, without mha.quantize_kv."
 
-PER_TOKEN = Exercise(
-    "check_quantize_per_token",
+
+def _quantize_exercise(
+    fn: str,
+    success: str,
+    dim: int,
+    *,
+    variants: Sequence[Callable[..., Any]],
+    mistakes: Sequence[tuple[Callable[..., Any], str]],
+    hint: str,
+    doc: str,
+) -> Exercise:
+    """The exercise on ``fn(x) -> (data, scale)``: absmax int8 quantisation with one scale per
+    group along ``dim``; data and scale compared in the reference's dtypes, the library's
+    :func:`mha.quantize_kv` banned."""
+    return Exercise(
+        f"check_{fn}",
+        success,
+        lambda x: _absmax(x, dim),
+        lambda: _quant_cases(fn),
+        variants=variants,
+        mistakes=mistakes,
+        hint=hint,
+        crash_hint=hint,
+        outputs=("data", "scale"),
+        exact_dtype=True,
+        atol=1e-6,
+        rtol=1e-5,
+        forbidden=(mha.quantize_kv,),
+        forbidden_hint=_NO_QUANTIZE,
+        params=(fn,),
+        doc=doc,
+    )
+
+
+PER_TOKEN = _quantize_exercise(
+    "quantize_per_token",
     "int8 data and one float scale per token, every number within half a step",
-    lambda x: _absmax(x, -1),
-    lambda: _quant_cases("quantize_per_token"),
+    -1,
     variants=(
         lambda x: (
             torch.round(x * 127 / x.abs().max(-1, keepdim=True).values).to(torch.int8),
@@ -96,14 +132,6 @@ PER_TOKEN = Exercise(
         (lambda x: tuple(mha.quantize_kv(x)), _NO_QUANTIZE),
     ),
     hint=_HINT_TOKEN,
-    crash_hint=_HINT_TOKEN,
-    outputs=("data", "scale"),
-    exact_dtype=True,
-    atol=1e-6,
-    rtol=1e-5,
-    forbidden=(mha.quantize_kv,),
-    forbidden_hint=_NO_QUANTIZE,
-    params=("quantize_per_token",),
     doc="Check ``quantize_per_token(x) -> (data, scale)``: absmax int8 quantisation of keys or "
     "values ``(..., S, D)``, data int8 ``(..., S, D)`` and scale ``(..., S, 1)``.",
 )
@@ -114,11 +142,10 @@ _HINT_CHANNEL = (
     "data = (x / scale).round().to(torch.int8). The grid of int8 ends at 127."
 )
 
-PER_CHANNEL = Exercise(
-    "check_quantize_per_channel",
+PER_CHANNEL = _quantize_exercise(
+    "quantize_per_channel",
     "int8 data and one float scale per channel, no number wrapped around",
-    lambda x: _absmax(x, -2),
-    lambda: _quant_cases("quantize_per_channel"),
+    -2,
     variants=(
         lambda x: _by_norm(x, -2),
         lambda x: tuple(
@@ -144,14 +171,6 @@ PER_CHANNEL = Exercise(
         (lambda x: tuple(mha.quantize_kv(x, granularity="channel")), _NO_QUANTIZE),
     ),
     hint=_HINT_CHANNEL,
-    crash_hint=_HINT_CHANNEL,
-    outputs=("data", "scale"),
-    exact_dtype=True,
-    atol=1e-6,
-    rtol=1e-5,
-    forbidden=(mha.quantize_kv,),
-    forbidden_hint=_NO_QUANTIZE,
-    params=("quantize_per_channel",),
     doc="Check ``quantize_per_channel(x) -> (data, scale)``: absmax int8 quantisation with one "
     "scale per channel, data int8 ``(..., S, D)`` and scale ``(..., 1, D)``.",
 )
