@@ -792,7 +792,8 @@ def glossary_page() -> str:
         note += f"见{{ref}}`{term['taught']}`。"
         rows.append(f"| {term['en']} | {term['zh']} | {note} |")
     return (
-        "(zh-glossary)=\n# 术语表\n\n"
+        # Both labels: the English pages' {ref}`glossary` and the Chinese notes' zh-glossary.
+        "(zh-glossary)=\n(glossary)=\n# 术语表\n\n"
         "中文版统一使用下列译法。代码中的标识符（函数名、参数名、表示形状的字母）保持英文，"
         "与`mha`的代码和PyTorch的文档一致。\n\n"
         "| English | 中文 | 说明 |\n|:--|:--|:--|\n" + "\n".join(rows) + "\n"
