@@ -503,17 +503,16 @@ def test_figures_have_alt_text_and_a_caption_and_are_sharp(notebook):
 
 
 # A code cell's line that fits the book's text column at desktop width (tests/test_browser.py
-# checks the rendered page: a wider cell scrolls sideways); folded proof cells are exempt, as the
-# browser test sees them only once opened.
+# checks the rendered page, folded cells opened: a wider cell scrolls sideways).
 CODE_COLUMNS = 82
 
 
-def test_visible_code_fits_the_column(notebook):
+def test_code_fits_the_column(notebook):
     path, nb = notebook
     long = [
         f"cell {i}: {len(line)} columns: {line.strip()[:60]}"
         for i, cell in enumerate(nb.cells)
-        if cell.cell_type == "code" and i != 1 and "hide-input" not in cell.metadata.get("tags", [])
+        if cell.cell_type == "code" and i != 1
         for line in cell.source.splitlines()
         if len(line) > CODE_COLUMNS
     ]
