@@ -15,7 +15,6 @@ needs transformers.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -253,17 +252,3 @@ FAMILIES: dict[str, Callable[[], None]] = {
     "deepseek_v3_chapter": make_deepseek_v3_chapter,
     "deepseek_v32": make_deepseek_v32,
 }
-
-
-def main(argv: list[str]) -> None:
-    names = argv or list(FAMILIES)
-    unknown = [n for n in names if n not in FAMILIES]
-    if unknown:
-        raise SystemExit(f"unknown families {unknown}; known: {sorted(FAMILIES)}")
-    torch.manual_seed(0)
-    for name in names:
-        FAMILIES[name]()
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
