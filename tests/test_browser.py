@@ -24,10 +24,12 @@ with BOOK_SCREENSHOTS=full (a long page takes seconds to capture).
 from __future__ import annotations
 
 import functools
+import json
 import mimetypes
 import os
 import re
 import subprocess
+import sys
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -36,6 +38,9 @@ from urllib.parse import quote, urljoin, urlparse
 import nbformat
 import pytest
 from conftest import REPO, read_yaml, skip_or_fail, toc_chapter_files, toc_chapters
+
+sys.path.insert(0, str(REPO / "tools"))
+import figure_text  # noqa: E402 (tools/ is not a package: it joins the path first)
 
 pytestmark = pytest.mark.browser
 
@@ -396,8 +401,11 @@ def check_math(page, path: str, problems: dict) -> None:
     assert not leftover, f"{path}: raw TeX in the page text: {leftover[:10]}"
 
 
-def notebook_facts(stem: str) -> dict:
-    nb = nbformat.read(REPO / "chapters" / f"{stem}.ipynb", as_version=4)
+def notebook_facts(stem: str, edition: str = "en") -> dict:
+    """What the page of notebook ``stem`` must show, from the English notebook or (``"zh"``) the
+    Chinese one that tools/translate.py build made, with its figures' Chinese drawings."""
+    folder = REPO / "zh" / "chapters" if edition == "zh" else REPO / "chapters"
+    nb = nbformat.read(folder / f"{stem}.ipynb", as_version=4)
     title = next(ln for ln in nb.cells[0].source.splitlines() if ln.startswith("# "))[2:].strip()
     markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     figures = [  # the PNG outputs the book shows, in page order
@@ -608,7 +616,8 @@ def check_figure_text(page, path: str) -> None:
     is on screen."""
     if not (REPO / "chapters" / f"{Path(path).stem}.ipynb").exists():
         return  # a markdown page (the posts, the glossary): no figures drawn by code
-    recorded = notebook_facts(Path(path).stem)["text"]
+    edition = "zh" if path.startswith("zh/") else "en"
+    recorded = notebook_facts(Path(path).stem, edition)["text"]
     shown = page.evaluate(FIGURES_JS)
     assert len(shown) == len(recorded), (
         f"{path}: {len(shown)} figures on the page, {len(recorded)} PNG outputs in the notebook"
@@ -780,6 +789,39 @@ def check_chinese_glyphs(page, path: str) -> None:
     )
 
 
+def check_chinese_figures(page, path: str) -> None:
+    """Every figure whose English drawing has words is drawn in Chinese on the Chinese page: the
+    PNG the page serves names the texts drawn into it (its Description chunk, written by
+    tools/figure_text.py from the figure's own text objects), with no English word left. The
+    worked example 猫吃鱼 is drawn with its Chinese tokens."""
+    from io import BytesIO
+
+    from PIL import Image
+
+    stem = Path(path).stem
+    english = notebook_facts(stem)["text"]
+    shown = page.evaluate(FIGURES_JS)
+    assert len(shown) == len(english), (
+        f"{path}: {len(shown)} figures, {len(english)} in the notebook"
+    )
+    labels = []
+    for number, (fig, text) in enumerate(zip(shown, english, strict=True), 1):
+        if not any(figure_text.needs_translation(s) for s in (text or {}).get("strings", [])):
+            labels.append([])
+            continue
+        response = page.request.get(urljoin(page.url, fig["src"]))
+        assert response.ok, f"{path}: figure {number} ({fig['src']}): HTTP {response.status}"
+        description = Image.open(BytesIO(response.body())).text.get("Description")
+        assert description, f"{path}: figure {number} is the English drawing (no Chinese labels)"
+        drawn = json.loads(description)
+        english_left = [s for s in drawn if figure_text.needs_translation(s)]
+        assert not english_left, f"{path}: figure {number} draws English: {english_left}"
+        assert any(CJK.search(s) for s in drawn), f"{path}: figure {number}: no Chinese {drawn}"
+        labels.append(drawn)
+    if stem == "01_2_cat_eats_fish":
+        assert {"猫", "吃", "鱼"} <= set(labels[0]), f"{path}: figure 1 draws {labels[0]}"
+
+
 def zh_counterpart(path: str) -> str:
     """The English page that a Chinese page's language switch opens."""
     english = [f"{read_yaml(REPO / '_toc.yml')['root']}.html"] + [f"{c}.html" for c in CHAPTERS]
@@ -822,6 +864,8 @@ def test_chinese_page(open_page, site, path):
         )
         expected = colab_url(stem).replace("/chapters/", "/zh/chapters/")
         assert hrefs == {expected}, f"zh/{path}: Colab links {hrefs}, expected {expected}"
+        if not untranslated:
+            check_chinese_figures(page, f"zh/{path}")
     assert switch_target(page, site) == zh_counterpart(path)
     assert not problems["page_errors"], f"zh/{path}: JavaScript errors: {problems['page_errors']}"
     violations = axe_violations(page)
@@ -834,10 +878,14 @@ def test_chinese_page(open_page, site, path):
 
 @pytest.mark.parametrize("path", ZH_PAGES)
 def test_chinese_page_on_a_phone(open_phone_page, path):
-    """Chinese lines break anywhere, but code and math inside them must not widen the page."""
+    """Chinese lines break anywhere, but code and math inside them must not widen the page; the
+    figures' Chinese labels are as large as check_figure_text asks."""
     page, problems = open_phone_page(f"zh/{path}")
     if path == ZH_PAGES[0]:
         check_start_here(page, f"zh/{path}")
+    else:  # the Chinese drawings' labels are as readable as the English ones
+        check_phone_solutions(page, f"zh/{path}")
+        check_figure_text(page, f"zh/{path}")
     overflow = page.evaluate(PAGE_OVERFLOW_JS)
     assert overflow["scrollWidth"] <= overflow["width"] and not overflow["culprits"], (
         f"zh/{path}: the page scrolls sideways at {PHONE['width']} px; what sticks out:\n"

@@ -45,16 +45,25 @@ from fold_solutions import fold
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from nbformat.v4 import output_from_msg
+from translate import load_figure_labels
 
 # tags: myst-nb and nbclient read them, the notebook test too; cellView (Colab) and
 # jupyter.source_hidden (JupyterLab) fold the solutions.
 KEEP_CELL_METADATA = {"tags", "cellView", "jupyter", "mystnb"}
 MINIMAL_TRACEBACKS = "--InteractiveShell.xmode=Minimal"
-# make execute's kernels record each figure's smallest text in its output's metadata (read
-# tools/figure_text.py); leaves no name in the notebook's namespace.
-RECORD_FIGURE_TEXT = (
-    f"__import__('runpy').run_path({str(Path(__file__).with_name('figure_text.py'))!r})"
-)
+# make execute's kernels record each figure's smallest text and draw it once more in Chinese with
+# the notebook's figure labels (read tools/figure_text.py); leaves no name in the namespace.
+FIGURE_TEXT = Path(__file__).with_name("figure_text.py")
+
+
+def record_figure_text(stem: str) -> str:
+    """The kernel's first line for notebook ``stem``: tools/figure_text.py, given the Chinese
+    figure labels of ``i18n/zh/<stem>.yml`` (None where the notebook has no translation file)."""
+    labels = load_figure_labels(stem)
+    return (
+        f"__import__('runpy').run_path({str(FIGURE_TEXT)!r}, "
+        f"init_globals={{'ZH_FIGURES': {labels!r}}}, run_name='__mha_figures__')"
+    )
 
 
 # --- running ---------------------------------------------------------------------------------
@@ -339,7 +348,7 @@ def clean(nb: nbformat.NotebookNode) -> None:
 def execute(path: Path, timeout: int = 600) -> float:
     nb = nbformat.read(path, as_version=4)
     fold(nb)  # before running: the stored source is the source that ran
-    result = run(nb, cwd=path.parent, timeout=timeout, startup=[RECORD_FIGURE_TEXT])
+    result = run(nb, cwd=path.parent, timeout=timeout, startup=[record_figure_text(path.stem)])
     if result.error:
         raise RuntimeError(f"{path}: {result.error}")
     # A fresh kernel numbers the executed cells 1..N; tests/test_notebooks.py relies on it.

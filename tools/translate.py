@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
+import json
 import re
 import sys
 from collections import Counter
@@ -58,6 +59,9 @@ from pathlib import Path
 
 import nbformat
 import yaml
+from figure_text import matches as label_matches
+from figure_text import needs_translation as label_needs_translation
+from figure_text import translate as translate_label
 from markdown_it import MarkdownIt
 from mdit_py_plugins.dollarmath import dollarmath_plugin
 
@@ -194,6 +198,16 @@ def load_translation(name: str, i18n: Path | None = None) -> dict:
     # BaseLoader reads every scalar as a string: a hash or cell id of digits stays text.
     data = yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.BaseLoader) or {}
     return data.get("cells") or {}
+
+
+def load_figure_labels(name: str, i18n: Path | None = None) -> dict[str, str] | None:
+    """The Chinese of the texts ``name``'s figures draw (``figures:``, English text: Chinese;
+    ``{}`` in both stands for a number; read tools/figure_text.py), or None without a file."""
+    path = (i18n or I18N) / f"{name}.yml"
+    if not path.exists():
+        return None
+    data = yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.BaseLoader) or {}
+    return dict(data.get("figures") or {})
 
 
 # --- structure: what a translation must keep byte for byte ---------------------------------------
@@ -555,6 +569,7 @@ def check() -> list[str]:
         if name not in pages:  # a notebook (the markdown pages have no code)
             nb = nbformat.read(REPO / "chapters" / f"{name}.ipynb", as_version=4)
             problems += comment_problems(name, nb)
+            problems += figure_label_problems(name, nb, glossary)
     listed = set(listed_stems())
     for group in [["index"], *chapter_groups(english_toc())]:
         pages = []
@@ -570,6 +585,79 @@ def check() -> list[str]:
                 pages.append((name, texts))
         problems += first_use_problems(pages, glossary)
     return problems
+
+
+# --- figure labels: the words drawn inside figures ------------------------------------------------
+#
+# A figure's texts are drawn in English by the code; make execute draws every figure with English
+# words once more in Chinese, from the notebook's table (``figures:``, English: Chinese; ``{}``
+# stands for a number) and stores that drawing in the output's metadata (tools/figure_text.py).
+
+
+def figure_outputs(nb) -> list[tuple[int, dict]]:
+    """The PNG outputs of ``nb`` in page order, numbered from 1 as a reader counts figures."""
+    pngs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    return list(enumerate((o for o in pngs if "image/png" in o.get("data", {})), 1))
+
+
+def figure_label_problems(name: str, nb, glossary: list[dict], i18n: Path | None = None):
+    """Every English word a figure draws has its Chinese in the table, the stored Chinese
+    drawing was made with today's table, and the table has no entry that no figure draws."""
+    table = load_figure_labels(name, i18n) or {}
+    problems, used = [], set()
+    for number, output in figure_outputs(nb):
+        text = output.get("metadata", {}).get("mha_text") or {}
+        needed = [s for s in text.get("strings", []) if label_needs_translation(s)]
+        if not needed:
+            continue
+        where = f"{name}: figure {number}"
+        used.update(key for s in needed for key in table if label_matches(key, s))
+        drawn = output["metadata"].get("mha_zh")
+        if drawn is None:
+            problems.append(f"{where}: no Chinese drawing (make execute)")
+            continue
+        for english in needed:
+            chinese = translate_label(english, table)
+            if chinese is None:
+                problems.append(f"{where}: no Chinese for the label {english!r} (figures:)")
+            elif chinese not in drawn["strings"]:
+                problems.append(
+                    f"{where}: drawn before the label {english!r} became {chinese!r}: make execute"
+                )
+    for english, chinese in table.items():
+        if english not in used:
+            problems.append(f"{name}: figures: {english!r} is drawn by no figure")
+        elif chinese != english and not re.search(r"[\u4e00-\u9fff]", chinese):
+            problems.append(f"{name}: figures: {english!r} has no Chinese ({chinese!r})")
+        elif english.count("{}") != chinese.count("{}"):
+            problems.append(f"{name}: figures: {english!r} and {chinese!r} differ in {{}}")
+        problems += [
+            f"{name}: figures: {chinese!r} {p}" for p in glossary_problems(chinese, glossary)
+        ]
+    return problems
+
+
+def missing_figure_labels(name: str) -> list[str]:
+    """The English figure texts of ``name`` that its table does not translate, each once."""
+    nb = nbformat.read(REPO / "chapters" / f"{name}.ipynb", as_version=4)
+    table = load_figure_labels(name) or {}
+    return list(
+        dict.fromkeys(
+            s
+            for _, output in figure_outputs(nb)
+            for s in (output.get("metadata", {}).get("mha_text") or {}).get("strings", [])
+            if label_needs_translation(s) and translate_label(s, table) is None
+        )
+    )
+
+
+def chinese_figure(output) -> None:
+    """Put the Chinese drawing that make execute stored in place of the English PNG."""
+    drawn = output.get("metadata", {}).pop("mha_zh", None)
+    if drawn is not None:
+        output.data["image/png"] = drawn["image/png"]
+        output.metadata["image/png"] = drawn["size"]
+        output.metadata["mha_text"] = {**drawn["mha_text"], "strings": drawn["strings"]}
 
 
 # --- build ----------------------------------------------------------------------------------------
@@ -731,6 +819,7 @@ def chinese_code_cell(cell, stem: str, setup: str) -> None:
     for output in cell.get("outputs", []):
         if output.output_type == "stream" and output.name == "stdout":
             output.text = chinese_checker_output(output.text, f"{stem}: cell {cell.id}")
+        chinese_figure(output)
 
 
 def chinese_notebook(stem: str, *, listed: bool):
@@ -895,6 +984,10 @@ def todo(name: str) -> None:
         for what in ("missing", "stale"):
             if uid in state[what]:
                 print(f"\n## {uid} ({kind}, {what}) en: {en_hash(text)}\n{text}")
+    if (REPO / "chapters" / f"{name}.ipynb").exists():
+        labels = missing_figure_labels(name)
+        print(f"\n## figure labels without Chinese (figures:): {len(labels)}")
+        print("".join(f"  {json.dumps(label, ensure_ascii=False)}: \n" for label in labels), end="")
 
 
 def main(argv: list[str] | None = None) -> int:
