@@ -55,11 +55,7 @@ class AttentionConfig:
             raise TypeError(f"name must be a str, got {type(self.name).__name__}")
         for field in ("num_layers", "num_heads", "num_kv_heads", "head_dim"):
             validate.positive_int(field, getattr(self, field))
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads ({self.num_heads}) must be divisible by "
-                f"num_kv_heads ({self.num_kv_heads})"
-            )
+        validate.divisible("num_heads", self.num_heads, "num_kv_heads", self.num_kv_heads)
         if self.sliding_window is not None:
             validate.positive_int("sliding_window", self.sliding_window)
         if self.window_layers is not None:

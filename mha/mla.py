@@ -122,16 +122,10 @@ class MultiHeadLatentAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        E = validate.positive_int("embed_dim", embed_dim)
-        H = validate.positive_int("num_heads", num_heads)
+        E, H, D = validate.head_split(
+            embed_dim, num_heads, head_dim, hint="unless head_dim is given"
+        )
         C = validate.positive_int("kv_latent_dim", kv_latent_dim)
-        if head_dim is None:
-            if E % H:
-                raise ValueError(
-                    f"embed_dim ({E}) must be divisible by num_heads ({H}) unless head_dim is given"
-                )
-            head_dim = E // H
-        D = validate.positive_int("head_dim", head_dim)
         validate.flag("bias", bias)
         validate.floating_dtype("dtype", dtype)
         self.embed_dim, self.num_heads, self.kv_latent_dim, self.head_dim = E, H, C, D

@@ -144,21 +144,13 @@ class MultiHeadAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        embed_dim = validate.positive_int("embed_dim", embed_dim)
-        num_heads = validate.positive_int("num_heads", num_heads)
-        if embed_dim % num_heads:
-            raise ValueError(
-                f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})"
-            )
+        embed_dim, num_heads, head_dim = validate.head_split(embed_dim, num_heads)
         num_kv_heads = (
             num_heads
             if num_kv_heads is None
             else validate.positive_int("num_kv_heads", num_kv_heads)
         )
-        if num_heads % num_kv_heads:
-            raise ValueError(
-                f"num_heads ({num_heads}) must be divisible by num_kv_heads ({num_kv_heads})"
-            )
+        validate.divisible("num_heads", num_heads, "num_kv_heads", num_kv_heads)
         validate.flag("bias", bias)
         validate.floating_dtype("dtype", dtype)
         kdim = embed_dim if kdim is None else validate.positive_int("kdim", kdim)
@@ -169,7 +161,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"backend {backend!r} has no attention dropout; got dropout={dropout}")
 
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
-        self.head_dim = embed_dim // num_heads
+        self.head_dim = head_dim
         self.kdim, self.vdim, self.dropout, self.backend = kdim, vdim, float(dropout), backend
         self.rope = validate.flag("rope", rope)
         self.rope_base = validate.positive_float("rope_base", rope_base)

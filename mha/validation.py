@@ -81,6 +81,27 @@ def non_negative_int(name: str, value: Any) -> int:
     return value
 
 
+def divisible(name: str, value: int, by_name: str, by: int, *, hint: str = "") -> int:
+    """``value`` an exact multiple of ``by`` (e.g. the query heads of a key/value head's group);
+    ``hint`` ends the message (how else to satisfy the rule, if there is a way)."""
+    if value % by:
+        hint = f" {hint}" if hint else ""
+        raise ValueError(f"{name} ({value}) must be divisible by {by_name} ({by}){hint}")
+    return value
+
+
+def head_split(
+    embed_dim: Any, num_heads: Any, head_dim: Any = None, *, hint: str = ""
+) -> tuple[int, int, int]:
+    """``(E, H, D)`` of a layer whose ``embed_dim`` feeds ``num_heads`` heads of ``head_dim``
+    numbers each; without ``head_dim`` the heads share the width evenly, ``D = E // H`` (``hint``:
+    see :func:`divisible`)."""
+    E, H = positive_int("embed_dim", embed_dim), positive_int("num_heads", num_heads)
+    if head_dim is not None:
+        return E, H, positive_int("head_dim", head_dim)
+    return E, H, divisible("embed_dim", E, "num_heads", H, hint=hint) // H
+
+
 def positive_float(name: str, value: Any) -> float:
     """A finite number greater than zero."""
     _number(name, value, (int, float), "a number")

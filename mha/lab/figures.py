@@ -406,8 +406,7 @@ def kv_head_sharing(num_heads: int, layouts: Mapping[str, int], *, ax: Axes | No
         )
     for name, hkv in layouts.items():
         validate.positive_int(f"layouts[{name!r}]", hkv)
-        if H % hkv:
-            raise ValueError(f"num_heads ({H}) must be divisible by layouts[{name!r}] ({hkv})")
+        validate.divisible("num_heads", H, f"layouts[{name!r}]", hkv)
     kv = np.array([[i // (H // hkv) for hkv in layouts.values()] for i in range(H)])
     ax = _axes.new_axes(ax, figsize=(4.2, 0.45 * H + 1.2))
     image = ax.imshow(kv, cmap="viridis", vmin=0, vmax=max(H - 1, 1), aspect="auto")

@@ -63,10 +63,7 @@ def projections(
     """``q_proj, k_proj, v_proj, o_proj`` of a GQA layer (``q_proj`` makes ``q_parts`` vectors of
     ``head_dim`` per head, e.g. 2 for a query and a gate); a ValueError unless ``num_kv_heads``
     divides ``num_heads``."""
-    if num_heads % num_kv_heads:
-        raise ValueError(
-            f"num_heads ({num_heads}) must be divisible by num_kv_heads ({num_kv_heads})"
-        )
+    validate.divisible("num_heads", num_heads, "num_kv_heads", num_kv_heads)
     return (
         nn.Linear(hidden_size, num_heads * head_dim * q_parts, bias=bias),
         nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias),
