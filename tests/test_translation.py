@@ -268,6 +268,55 @@ def test_a_structure_violation_is_caught(what, old, new):
     assert any(p.startswith(what) for p in problems), problems
 
 
+MATH_EN = """\
+The weights $w = \\text{scores} / \\text{rows}$ and
+$$\\text{bytes} = 2 \\cdot \\textrm{in 16-bit.}$$
+
+```{math}
+t = \\mbox{time per step} + \\text{acc}_{\\text{new}}
+```
+"""
+MATH_ZH = """\
+权重$w = \\text{分数} / \\text{行数}$，以及
+$$\\text{字节数} = 2 \\cdot \\textrm{（16位）。}$$
+
+```{math}
+t = \\mbox{每步时间} + \\text{acc}_{\\text{new}}
+```
+"""
+
+
+def test_the_words_of_text_in_math_may_be_translated():
+    assert translate.structure_problems(MATH_EN, MATH_ZH) == []
+    assert translate.math_words("a_{\\text{x {y}}} + \\mbox{z}") == ["x {y}", "z"]
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("w = ", "w="),  # inline math outside \text
+        ("2 \\cdot", "2\\cdot"),  # display math outside \text
+        ("+ \\text{acc}", "- \\text{acc}"),  # a {math} block outside \text
+        ("/ \\text{行数}", ""),  # a dropped \text group
+        ("\\text{分数}", "\\text{分}\\text{数}"),  # an added one
+        ("\\text{分数} / \\text{行数}", "\\text{分数}\\text{行数} /"),  # a group moved
+        ("\\textrm{（16位）。}", "\\text{（16位）。}"),  # another command
+        ("_{\\text{new}}", "_{new}"),  # \text removed around the word
+    ],
+)
+def test_math_outside_the_words_of_text_must_not_change(old, new):
+    assert old in MATH_ZH
+    problems = translate.structure_problems(MATH_EN, MATH_ZH.replace(old, new, 1))
+    assert any(p.startswith(("math", "code or math blocks")) for p in problems), problems
+
+
+def test_the_glossary_applies_to_the_words_of_text_in_math():
+    glossary = [{"en": "FLOP/byte (unit)", "zh": "FLOP/字节", "avoid": ["FLOP/byte"]}]
+    assert translate.glossary_problems("$I = 2\\,\\text{FLOP/byte}$", glossary)
+    assert not translate.glossary_problems("$I = 2\\,\\text{FLOP/字节}$", glossary)
+    assert not translate.glossary_problems("$\\mathrm{FLOP/byte}$", glossary)  # not words
+
+
 def test_emphasis_that_does_not_render_is_caught():
     # CommonMark does not close ** after full-width punctuation that precedes a letter.
     english = "The **first pair** turns fast."

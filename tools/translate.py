@@ -31,7 +31,9 @@ The structure rules `check` enforces, cell by cell against the English: the same
 option lines (an exercise's title excepted), code and math blocks, `(label)=` targets, heading
 levels, list items, table columns, role targets ({ref}, {numref}, {doc}, {eq}, {cite}), inline
 math, inline code spans, URLs and link targets; some Chinese text in every cell that has English
-prose; and no word that i18n/zh/glossary.yml lists under `avoid`.
+prose; and no word that i18n/zh/glossary.yml lists under `avoid`. In math (inline, display, `{math}`
+blocks and roles) only the words of `\\text{…}` (`\\textrm`, `\\mbox`) may differ: the same groups,
+in the same order, and everything around them byte for byte; the glossary's `avoid` applies to them.
 
 The generated notebooks equal the English ones except for markdown sources, figure alt texts and
 captions, the `language` entry of the notebook metadata, `{literalinclude}` paths (one level
@@ -231,6 +233,45 @@ TITLED = re.compile(
 )
 # Directive bodies that are code or math, not prose.
 VERBATIM = re.compile(r"^\{(math|code|code-block|code-cell|raw|literalinclude)\}|^[\w+-]*$")
+# Words in a formula: the argument of \text{…} (\textrm, \mbox) is prose and may be translated.
+TEXT_IN_MATH = re.compile(r"\\(?:text|textrm|mbox)\s*\{")
+
+
+def text_groups(math: str) -> list[tuple[int, int]]:
+    """(start, end) of the argument of every \\text{…} group of a formula, outermost only.
+
+    An unbalanced group ends the search: the rest of the formula is kept as it is."""
+    groups: list[tuple[int, int]] = []
+    end = 0
+    for m in TEXT_IN_MATH.finditer(math):
+        if m.start() < end:
+            continue  # inside the previous group
+        depth, i = 1, m.end()
+        while i < len(math) and depth:
+            if math[i] == "\\":
+                i += 2
+                continue
+            depth += {"{": 1, "}": -1}.get(math[i], 0)
+            i += 1
+        if depth:
+            break
+        groups.append((m.end(), i - 1))
+        end = i
+    return groups
+
+
+def math_skeleton(math: str) -> str:
+    """A formula as a translation must keep it: every \\text{…} argument replaced by `…`."""
+    out, at = [], 0
+    for start, end in text_groups(math):
+        out.append(math[at:start] + "…")
+        at = end
+    return "".join(out) + math[at:]
+
+
+def math_words(math: str) -> list[str]:
+    """The arguments of a formula's \\text{…} groups: the words a translation may change."""
+    return [math[start:end] for start, end in text_groups(math)]
 
 
 def structure(text: str) -> dict:
@@ -238,7 +279,7 @@ def structure(text: str) -> dict:
     directives: list[str] = []
     verbatim: list[str] = []
     prose: list[str] = []
-    stack: list[tuple[str, bool]] = []  # (fence, body is verbatim)
+    stack: list[tuple[str, str | None]] = []  # (fence, "math" or "code" body, or None: prose)
     after_opener = False
     for line in text.splitlines():
         m = FENCE.match(line)
@@ -253,11 +294,14 @@ def structure(text: str) -> dict:
             continue
         after_opener = False
         if stack and stack[-1][1]:
-            verbatim.append(line.rstrip())
+            line = line.rstrip()
+            verbatim.append(math_skeleton(line) if stack[-1][1] == "math" else line)
             continue
         if m:
             info = m.group(2).strip()
-            stack.append((m.group(1), bool(VERBATIM.match(info))))
+            body = VERBATIM.match(info)
+            kind = None if body is None else "math" if body.group(1) == "math" else "code"
+            stack.append((m.group(1), kind))
             directives.append(TITLED.sub(r"\1 <title>", line).strip())
             after_opener = True
             continue
@@ -274,13 +318,13 @@ def structure(text: str) -> dict:
         # {ref}`text <target>`: the target is kept, the text translated; any other role
         # (e.g. {math}`...`) is kept whole.
         keep = target.group(1) if target and m.group(1) in TARGET_ROLES else content
-        roles[(m.group(1), keep)] += 1
+        roles[(m.group(1), math_skeleton(keep) if m.group(1) == "math" else keep)] += 1
     body = ROLE.sub(" ", body)
     code = Counter(m.group(2) for m in CODE.finditer(body))
     body = CODE.sub(" ", body)
-    math = Counter(m.group(1).strip() for m in DISPLAY_MATH.finditer(body))
+    math = Counter(math_skeleton(m.group(1).strip()) for m in DISPLAY_MATH.finditer(body))
     body = DISPLAY_MATH.sub(" ", body)
-    math.update(m.group(1).strip() for m in INLINE_MATH.finditer(body))
+    math.update(math_skeleton(m.group(1).strip()) for m in INLINE_MATH.finditer(body))
     body = INLINE_MATH.sub(" ", body)
     urls = Counter(u.rstrip(".,;:") for u in URL.findall(body))
     links = Counter(LINK.findall(body))
@@ -378,9 +422,14 @@ def without_allowed(text: str, term: dict) -> str:
     return text
 
 
+def only_words(formula: re.Match) -> str:
+    return " " + " ".join(math_words(formula.group(1))) + " "
+
+
 def glossary_problems(chinese: str, glossary: list[dict]) -> list[str]:
     text = CODE.sub(" ", ROLE.sub(" ", chinese))
-    text = GLOSS.sub(" ", INLINE_MATH.sub(" ", DISPLAY_MATH.sub(" ", text)))
+    # A formula is exempt, except the words of its \text{…} groups, which are translated.
+    text = GLOSS.sub(" ", INLINE_MATH.sub(only_words, DISPLAY_MATH.sub(only_words, text)))
     problems = [
         f"uses {bad!r}; the glossary translates {term['en']!r} as {term['zh']!r}"
         for term in glossary
