@@ -234,9 +234,22 @@ def test_setup_cell_outside_colab_uses_the_checkout():
 
 
 @pytest.mark.slow
-def test_make_execute_records_the_smallest_text_of_each_figure(tmp_path):
+def test_make_execute_records_the_smallest_text_of_each_figure(tmp_path, monkeypatch):
     """What tests/test_browser.py reads to check figure labels on a phone: make execute's kernel
-    (tools/figure_text.py) stores each figure's smallest text against the image's width."""
+    (tools/figure_text.py) stores each figure's smallest text against the image's width, and a
+    second drawing with the Chinese of the notebook's figure labels (i18n/zh/<stem>.yml)."""
+    import base64
+    from io import BytesIO
+
+    import translate
+    from PIL import Image
+
+    i18n = tmp_path / "i18n"
+    i18n.mkdir()
+    (i18n / "figures.yml").write_text(
+        'cells: {}\nfigures:\n  "a line": "一条线"\n  "big": "大"\n', encoding="utf-8"
+    )
+    monkeypatch.setattr(translate, "I18N", i18n)
     draw = (
         "import matplotlib.pyplot as plt\n"
         "fig, ax = plt.subplots(figsize=(4.0, 3.0), layout='constrained')\n"
@@ -261,3 +274,10 @@ def test_make_execute_records_the_smallest_text_of_each_figure(tmp_path):
     assert 3.9 < text["width_in"] < 4.6  # the tight bounding box, 0.1 in of padding each side
     assert text["fraction"] == pytest.approx(7.0 / 72 / text["width_in"], rel=1e-3)
     assert blank["min_pt"] is None and blank["fraction"] is None  # an image without words
+    assert {"a line", "big"} <= set(text["strings"]) and blank["strings"] == []
+    drawn = outputs[0].metadata["mha_zh"]  # none for the image without words
+    assert "mha_zh" not in outputs[1].metadata
+    assert {"一条线", "大"} <= set(drawn["strings"]) and drawn["missing"] == []
+    png = Image.open(BytesIO(base64.b64decode(drawn["image/png"])))
+    assert json.loads(png.text["Description"]) == drawn["strings"]
+    assert png.width == drawn["size"]["width"]  # a plain PNG: no setup cell asked for retina

@@ -1,13 +1,16 @@
 """The Chinese edition (中文版): translation files, their checks, and the generated Chinese book.
 
-Only markdown is translated. Per English notebook `chapters/<stem>.ipynb` (a chapter, or a section
+Markdown is translated, with code comments and the words drawn in figures. Per English notebook `chapters/<stem>.ipynb` (a chapter, or a section
 of one: every file of _toc.yml, `sections:` included) there is one translation file `i18n/zh/<stem>.yml`; it maps every markdown cell id to its Chinese text, and
 every figure cell id to its Chinese alt text and caption, each with `en:`, the first 12 hex digits
 of the SHA-256 of the English text it translates (for a figure: alt + "\\n" + caption). When an
 English cell changes, its hash no longer matches and the entry is *stale*. The landing page
 `chapters/index.md` is translated the same way in `i18n/zh/index.yml`, one entry per `##` section,
 and so is every other markdown page of the table of contents (`chapters/posts.md` in
-`i18n/zh/posts.yml`); these pages are always checked, listed in `chapters.txt` or not.
+`i18n/zh/posts.yml`); these pages are always checked, listed in `chapters.txt` or not. Beside
+`cells:`, a notebook's file may translate code comments (`code:`, per code cell id) and has a
+table of the texts its figures draw (`figures:`, English as drawn: Chinese, `{}` a number), from
+which make execute draws each figure again in Chinese (tools/figure_text.py).
 
 The glossary is one file, `i18n/zh/glossary.yml`: each term's English, its Chinese, a short English
 definition (`define:`) and the label of the section that teaches it (`taught:`). `build` turns it
@@ -41,11 +44,14 @@ deeper: zh/chapters/ instead of chapters/), and in a listed chapter the setup ce
 Chinese comments, the checkout two folders up, `mha.exercises.set_language("zh")`) and every checker's
 success line, replaced by what that checker prints in Chinese (run_checkers: each checker run on an
 answer it accepts, in a fresh interpreter, in both languages; the English line must equal the stored
-one, else the notebook is stale). Other code cells, outputs, cell ids and tags are copied.
+one, else the notebook is stale), comments translated under `code:`, and every figure that draws
+English words replaced by its Chinese drawing. Other code cells, outputs, cell ids and tags are
+copied.
 
 `check` also enforces, in every listed file: no reduction stated as a multiple (比B少N倍, 缩小N倍), and
 per chapter (opening page and sections, in reading order) the English in full-width parentheses at
-the first use of every glossary term marked `first_use`.
+the first use of every glossary term marked `first_use`; every English word drawn in a figure has its
+Chinese in `figures:`, each Chinese drawing was made with today's table, and no entry is unused.
 """
 
 from __future__ import annotations
