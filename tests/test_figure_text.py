@@ -160,3 +160,17 @@ def test_build_puts_the_chinese_drawing_in_place():
     assert output.data["image/png"] == "WkguUE5H"
     assert output.metadata["image/png"] == {"width": 10, "height": 5}
     assert output.metadata["mha_text"]["strings"] == ["猫"] and "mha_zh" not in output.metadata
+
+
+def test_math_text_with_chinese_is_refused(tmp_path, monkeypatch):
+    """matplotlib draws a label with $…$ all in its math font, which has no Chinese: the drawing
+    stops on the empty boxes, and the check refuses such an entry before it is drawn."""
+    fig, ax = figure()
+    ax.set_xlabel("mix with $W^O$")
+    with pytest.raises(RuntimeError, match="lacks glyphs"):
+        figure_text.chinese_drawing(fig, {**TABLE, "mix with $W^O$": "用$W^O$混合"})
+    plt.close(fig)
+    write_table(tmp_path, {"mix with $W^O$": "用$W^O$混合"})
+    nb = notebook_with_figure(["mix with $W^O$"], zh_drawing(["用$W^O$混合"]))
+    (problem,) = translate.figure_label_problems("x", nb, [], tmp_path)
+    assert "math font, which has no Chinese" in problem

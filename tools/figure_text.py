@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import re
 import warnings
 
@@ -176,6 +177,17 @@ def _translated(inner, table: dict[str, str], missing: list[str]):
     return Translated()
 
 
+class _Lines(logging.Handler):
+    """The messages logged while it is attached."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 def chinese_drawing(fig, table: dict[str, str]) -> dict:
     """Draw ``fig`` with its texts in Chinese, save it as the inline backend saves, and put every
     text and tick formatter back as it was."""
@@ -193,6 +205,11 @@ def chinese_drawing(fig, table: dict[str, str]) -> dict:
     ]
     originals, families = [], []
     fonts = {"font.family": [*matplotlib.rcParams["font.family"], CJK_FONT]}  # new tick labels
+    # A missing glyph is a warning for ordinary text and a log line for math text ($…$ makes
+    # matplotlib draw the whole label in its math font, which has no CJK): catch both.
+    logged = _Lines()
+    logger = logging.getLogger("matplotlib")
+    logger.addHandler(logged)
     try:
         with matplotlib.rc_context(fonts), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -220,12 +237,14 @@ def chinese_drawing(fig, table: dict[str, str]) -> dict:
                 **InlineBackend.instance().print_figure_kwargs,
             )
         lacking = [str(w.message) for w in caught if "missing from font" in str(w.message)]
+        lacking += [line for line in logged.lines if "does not have a glyph" in line]
         if lacking:
             raise RuntimeError(
                 "the Chinese drawing of a figure lacks glyphs (install fonts-noto-cjk): "
                 + "; ".join(dict.fromkeys(lacking))
             )
     finally:
+        logger.removeHandler(logged)
         for t, english in originals:
             t.set_text(english)
         for t, family in families:

@@ -684,6 +684,11 @@ def figure_label_problems(name: str, nb, glossary: list[dict], i18n: Path | None
             problems.append(f"{name}: figures: {english!r} is drawn by no figure")
         elif chinese != english and not re.search(r"[\u4e00-\u9fff]", chinese):
             problems.append(f"{name}: figures: {english!r} has no Chinese ({chinese!r})")
+        elif re.search(r"\$", chinese) and re.search(r"[\u4e00-\u9fff]", chinese):
+            problems.append(
+                f"{name}: figures: {chinese!r}: matplotlib draws a text with $…$ math all in its "
+                "math font, which has no Chinese; write the math as plain text (Wᴼ, kⱼ)"
+            )
         elif english.count("{}") != chinese.count("{}"):
             problems.append(f"{name}: figures: {english!r} and {chinese!r} differ in {{}}")
         problems += [
