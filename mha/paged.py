@@ -380,34 +380,35 @@ def _paged_attention(
     B, H, L, D = query.shape
     Hkv, bs, Dv = key_pool.shape[1], key_pool.shape[2], value_pool.shape[-1]
     compute = torch.float32 if query.dtype in validate.LOW_PRECISION else query.dtype
-    # The G query heads that share key/value head h become G·L rows of one matrix.
-    q = query.reshape(B, Hkv, -1, D).to(compute)  # (B, Hkv, G·L, D)
+    dev = query.device
+    # The G query heads that share key/value head h become G·L rows of one matrix, scaled once.
+    q = (query.reshape(B, Hkv, -1, D) * scale).to(compute)  # (B, Hkv, G·L, D)
+    lens = seq_lens.to(device=dev, dtype=torch.int64)  # (B,)
+    needed = math.ceil(int(lens.max()) / bs) if B else 0
+    # Once for every block the loop reads. The pool seen as (N·Hkv, bs, D): row n·Hkv + h is
+    # head h of block n, bs·D numbers in one piece; gathering rows in (sequence, head, block)
+    # order lays each sequence's keys out as one run per head (index_select, torch's fastest
+    # gather). A -1 in the table (no block) reads block 0, which the bias then masks out.
+    blocks = block_table[:, :needed].long().clamp(min=0)  # (B, n) physical blocks
+    rows = blocks[:, None, :] * Hkv + torch.arange(Hkv, device=dev)[:, None]  # (B, Hkv, n)
+    past_end = torch.arange(needed * bs, device=dev) >= lens[:, None]  # (B, n·bs)
+    bias = torch.zeros(B, 1, 1, needed * bs, dtype=compute, device=dev)
+    bias.masked_fill_(past_end[:, None, None, :], -math.inf)  # 0, or -inf past the sequence
+    keys, values = key_pool.reshape(-1, bs, D), value_pool.reshape(-1, bs, Dv)
     m = q.new_full((B, Hkv, q.shape[2], 1), -math.inf)  # running max of the scores
     l = q.new_zeros(B, Hkv, q.shape[2], 1)  # running sum of exp(scores - m)  # noqa: E741
     acc = q.new_zeros(B, Hkv, q.shape[2], Dv)  # running weighted sum of values
-    lens = seq_lens.to(device=query.device, dtype=torch.int64)  # (B,)
-    needed = math.ceil(int(lens.max()) / bs) if B else 0
-    for j in range(0, needed, BLOCKS_PER_STEP):  # a few blocks of every sequence at a time
-        cols = block_table[:, j : j + BLOCKS_PER_STEP].long()  # (B, c) physical blocks
-        c = cols.shape[1]
-        positions = j * bs + torch.arange(c * bs, device=query.device)  # (c·bs,)
-        keep = positions < lens[:, None]  # (B, c·bs) positions the sequence holds
-        cols = cols.clamp(min=0)  # -1 (no block) reads block 0, then is masked out
-        # The pool seen as (N·Hkv, bs, D): row n·Hkv + h is head h of block n, bs·D numbers in
-        # one piece. Gathering rows in (sequence, head, block) order lays each sequence's keys
-        # out as one run per head, with no second copy (index_select is torch's fastest gather).
-        rows = (
-            cols[:, None, :] * Hkv + torch.arange(Hkv, device=query.device)[:, None]
-        )  # (B, Hkv, c)
-        k = key_pool.reshape(-1, bs, D).index_select(0, rows.flatten())  # (B·Hkv·c, bs, D)
-        v = value_pool.reshape(-1, bs, Dv).index_select(0, rows.flatten())
-        k = k.view(B, Hkv, c * bs, D).to(compute)  # (B, Hkv, c·bs, D)
-        v = v.view(B, Hkv, c * bs, Dv).to(compute)  # (B, Hkv, c·bs, Dv)
-        scores = q @ k.transpose(-2, -1) * scale  # (B, Hkv, G·L, c·bs)
-        scores = scores.masked_fill(~keep[:, None, None, :], -math.inf)
+    for j in range(0, needed, BLOCKS_PER_STEP):  # up to BLOCKS_PER_STEP blocks of each sequence
+        step = rows[:, :, j : j + BLOCKS_PER_STEP]  # (B, Hkv, c)
+        c = step.shape[2]
+        k = keys.index_select(0, step.flatten()).view(B, Hkv, c * bs, D).to(compute)
+        v = values.index_select(0, step.flatten()).view(B, Hkv, c * bs, Dv).to(compute)
+        scores = (q @ k.transpose(-2, -1)).add_(
+            bias[..., j * bs : (j + c) * bs]
+        )  # (B, Hkv, G·L, c·bs)
         m_new = torch.maximum(m, scores.amax(-1, keepdim=True))  # (B, Hkv, G·L, 1)
-        safe = torch.where(torch.isneginf(m_new), 0.0, m_new)  # a row with no key yet
-        p = torch.exp(scores - safe)  # (B, Hkv, G·L, c·bs)
+        safe = m_new.nan_to_num(neginf=0.0)  # a row with no key yet: subtract 0, not -inf
+        p = scores.sub_(safe).exp_()  # in place: the largest tensor of the step
         alpha = torch.exp(m - safe)  # rescales what was summed with the old max
         l = alpha * l + p.sum(-1, keepdim=True)  # noqa: E741
         acc = alpha * acc + p @ v  # (B, Hkv, G·L, Dv)

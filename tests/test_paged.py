@@ -60,10 +60,11 @@ def test_paged_attention_reads_a_shuffled_pool_and_long_sequences():
     """Blocks anywhere in the pool, tables with -1 past the end, more blocks than one step reads."""
     g = torch.Generator().manual_seed(3)
     B, H, Hkv, D, bs = 3, 4, 1, 16, 8
-    lengths = [1, 300, 700]  # 700 positions: 88 blocks, more than BLOCKS_PER_STEP
-    pool_k, pool_v = randn(200, Hkv, bs, D, seed=1), randn(200, Hkv, bs, D, seed=2)
-    perm = torch.randperm(200, generator=g)
-    table = torch.full((B, 90), -1, dtype=torch.int64)
+    lengths = [1, 300, 700]  # 700 positions: 88 blocks, three steps of the loop
+    assert 2 * mha.paged.BLOCKS_PER_STEP < -(-700 // bs) < 3 * mha.paged.BLOCKS_PER_STEP
+    pool_k, pool_v = randn(400, Hkv, bs, D, seed=1), randn(400, Hkv, bs, D, seed=2)
+    perm = torch.randperm(400, generator=g)
+    table = torch.full((B, 280), -1, dtype=torch.int64)
     used = 0
     for b, n in enumerate(lengths):
         need = -(-n // bs)
