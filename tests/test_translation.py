@@ -60,7 +60,8 @@ CHECKER_LINE_ZH = re.compile(r"^✓ (check_\w+)：正确——\S.*$")
 def without_translated_text(cell) -> dict:
     """A cell without what a Chinese notebook translates: markdown, a figure's alt text and
     caption, code comments, the setup cell's source (tested below), and the checkers' lines, which
-    become the `check_*` name alone (what the checker prints in Chinese is tested below)."""
+    become the `check_*` name alone (what the checker prints in Chinese is tested below); a
+    figure is its Chinese drawing (what make execute stored beside the English one)."""
     cell = nbformat.from_dict(dict(cell))
     if cell.cell_type == "markdown":
         cell.source = ""
@@ -69,6 +70,7 @@ def without_translated_text(cell) -> dict:
     elif cell.cell_type == "code":  # comments may be translated (`code:` in i18n/zh/<stem>.yml)
         cell.source = repr(translate.code_tokens(cell.source))
     for output in cell.get("outputs", []):
+        translate.chinese_figure(output)  # an English figure becomes its Chinese drawing
         if output.output_type == "stream":
             lines = output.text.split("\n")
             for pattern in (CHECKER_LINE_EN, CHECKER_LINE_ZH):
