@@ -38,6 +38,8 @@ import translate  # noqa: E402
         ("$\\mathdefault{10^{-2}}$", False),  # math
         ("$QK^T$ scores", True),  # a word beside the math
         ("猫", False),
+        ("键j的权重wⱼ", False),  # Chinese around one-letter names
+        ("weight wⱼ of key j", True),
     ],
 )
 def test_which_texts_need_chinese(text, needs):

@@ -54,7 +54,7 @@ CJK_FONT = "Noto Sans CJK SC"
 # One number as a figure prints it: 12, -0.5, 3.2e-05, 1,024, 4.1× (a table key writes it {}).
 NUMBER = r"[-+−]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?"
 MATH = re.compile(r"(?<!\\)\$.+?(?<!\\)\$")
-WORD = re.compile(r"[A-Za-z_][\w.]*")
+WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")  # ASCII: 键j is a Chinese word and a letter
 
 
 # --- which texts are words, and their Chinese ---------------------------------------------------
