@@ -240,7 +240,8 @@ def chinese_drawing(fig, table: dict[str, str]) -> dict:
         lacking += [line for line in logged.lines if "does not have a glyph" in line]
         if lacking:
             raise RuntimeError(
-                "the Chinese drawing of a figure lacks glyphs (install fonts-noto-cjk): "
+                "the Chinese drawing of a figure lacks glyphs (is fonts-noto-cjk installed? "
+                "is Chinese inside $…$ math, whose font has none?): "
                 + "; ".join(dict.fromkeys(lacking))
             )
     finally:
