@@ -96,8 +96,11 @@ def record_shapes(
 _STEPS_FACE = {"input": "#e8eef7", "linear": "#fbe3c8", "reshape": "#e4e4e4", "head": "#d8efe0"}
 
 
-def _box(ax: Axes, x: float, y: float, w: float, h: float, text: str, kind: str) -> None:
-    """A rounded box centred at ``(x, y)`` with ``text`` in it (black: every face is light)."""
+def _box(
+    ax: Axes, x: float, y: float, w: float, h: float, text: str, kind: str, size: float = 12
+) -> None:
+    """A rounded box centred at ``(x, y)`` with ``text`` in it, ``size`` pt (black: every face is
+    light)."""
     face = _STEPS_FACE[kind]
     ax.add_patch(
         FancyBboxPatch(
@@ -111,7 +114,7 @@ def _box(ax: Axes, x: float, y: float, w: float, h: float, text: str, kind: str)
         )
     )
     ax.text(
-        x, y, text, ha="center", va="center", fontsize=12, color=viz.text_color_on(to_rgb(face))
+        x, y, text, ha="center", va="center", fontsize=size, color=viz.text_color_on(to_rgb(face))
     )
 
 
@@ -203,15 +206,15 @@ def layer_diagram(
     _box(ax, 5.0, 8.3, 9.4, 1.0, split, "reshape")
     # 4. one box per head
     shown = list(range(H)) if H <= max_heads else [*range(max_heads - 2), -1, H - 1]
-    width = 9.4 / len(shown)
-    xs = [0.3 + width * (i + 0.5) for i in range(len(shown))]
+    width = 9.9 / len(shown)  # the whole width: four boxes abreast hold softmax(qkᵀ/√D)
+    xs = [0.05 + width * (i + 0.5) for i in range(len(shown))]
     for x, h in zip(xs, shown):
         _arrow(ax, x, 7.8, x, 7.0)
         if h < 0:
             ax.text(x, 6.2, "...", ha="center", va="center", fontsize=14)
             continue
         text = f"head {h}\nsoftmax(qkᵀ/√{D})\nweights ({L}, {S})\n· v → ({L}, {D})"
-        _box(ax, x, 6.2, width - 0.25, 1.6, text, "head")
+        _box(ax, x, 6.2, width - 0.12, 1.6, text, "head", _axes.SMALL_TEXT)
         _arrow(ax, x, 5.4, x, 4.6)
     # 5. concat and W_O
     concat = f"concat heads: .transpose(1, 2).reshape(B, L, E)\n{_shape(shapes['heads'])} → "
