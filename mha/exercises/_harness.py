@@ -24,6 +24,7 @@ import; English by default). A message made from values translates its template,
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import os
 import sys
@@ -527,6 +528,12 @@ def attend(q: Tensor, k: Tensor, v: Tensor | None = None, **slip: Any) -> Tensor
     scores = q @ k.transpose(-2, -1) * slip.get("scale", q.shape[-1] ** -0.5)  # (..., L, S)
     weights = slip.get("weigh", torch.softmax)(scores, slip.get("dim", -1))  # (..., L, S)
     return weights if v is None else weights @ v  # (..., L, Dv)
+
+
+def slipped(reference: Callable[..., Any], flag: str) -> Callable[..., Any]:
+    """A known mistake made from a reference written with switches: ``reference(*args,
+    flag=True)``, the reference with one slip turned on (e.g. ``slipped(_rope_slip, "no_two")``)."""
+    return functools.partial(reference, **{flag: True})
 
 
 def publish(namespace: dict[str, Any]) -> tuple[Exercise, ...]:

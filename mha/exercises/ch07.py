@@ -24,7 +24,7 @@ from torch import Tensor
 import mha
 
 from .. import flash
-from ._harness import Case, Exercise, ExerciseError, publish, randn64, tr
+from ._harness import Case, Exercise, ExerciseError, publish, randn64, slipped, tr
 
 #: What the backward exercises are to do by hand: autograd in every form, and torch's own kernel.
 AUTOGRAD = (
@@ -126,10 +126,6 @@ def _sink_backward_by_denominator(q: Tensor, k: Tensor, v: Tensor, sink: Tensor,
     return ds @ k * scale, ds.mT @ q * scale, p.mT @ d_out, d_sink
 
 
-def _sink_slip(name: str) -> Callable[..., tuple[Tensor, ...]]:
-    return lambda q, k, v, sink, d_out: _sink_backward(q, k, v, sink, d_out, **{name: True})
-
-
 def _sink_by_autograd(q: Tensor, k: Tensor, v: Tensor, sink: Tensor, d_out: Tensor):
     q, k, v, sink = (t.clone().requires_grad_() for t in (q, k, v, sink))
     _sink_forward(q, k, v, sink).backward(d_out)
@@ -164,19 +160,19 @@ SINK_BACKWARD = Exercise(
         _sink_backward_by_denominator,
     ),
     mistakes=(
-        (_sink_slip("no_sink_grad"), _SINK_GRAD),
+        (slipped(_sink_backward, "no_sink_grad"), _SINK_GRAD),
         (
-            _sink_slip("no_sink_mass"),
+            slipped(_sink_backward, "no_sink_mass"),
             "The weights must include the sink in their denominator: a row's weights sum to "
             "1 - p_sink, not 1, so softmax over the S scores alone is wrong. " + _SINK_FORMULAS,
         ),
         (
-            _sink_slip("sign"),
+            slipped(_sink_backward, "sign"),
             "Check the sign: raising the sink scales every weight of its row down by the same "
             "factor, so O shrinks towards 0 and the loss changes by dO·(-p_sink·O) = -p_sink·δ.",
         ),
-        (_sink_slip("per_row"), _SINK_ONE_PER_HEAD),
-        (_sink_slip("all_heads"), _SINK_ONE_PER_HEAD),
+        (slipped(_sink_backward, "per_row"), _SINK_ONE_PER_HEAD),
+        (slipped(_sink_backward, "all_heads"), _SINK_ONE_PER_HEAD),
         (_sink_grads, _NO_AUTOGRAD_SINK),
         (_sink_by_autograd, _NO_AUTOGRAD_SINK),
     ),

@@ -7,7 +7,6 @@ pairs, the frequency exponent without its 2, the rotation backwards, the positio
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -15,7 +14,7 @@ from torch import Tensor
 
 import mha
 
-from .._harness import Case, Exercise, publish, randn64
+from .._harness import Case, Exercise, publish, randn64, slipped
 
 # --- RoPE -----------------------------------------------------------------------------------------
 
@@ -100,10 +99,6 @@ _HINT_ROPE = (
 )
 
 
-def _rope_mistake(name: str) -> Callable[[Tensor, Tensor], Tensor]:
-    return lambda x, positions: _rope_slip(x, positions, **{name: True})
-
-
 _NO_APPLY_ROPE = "write the rotation yourself, without mha.apply_rope."
 ROPE = Exercise(
     "check_rope",
@@ -113,22 +108,22 @@ ROPE = Exercise(
     variants=(partial(_rope_slip), _rope_hugging_face, _rope_by_rotation_matrices),
     mistakes=(
         (
-            _rope_mistake("interleaved"),
+            slipped(_rope_slip, "interleaved"),
             "These are neighbour pairs (2i, 2i + 1), RoFormer's layout (and Meta's Llama code); "
             "Hugging Face transformers' Llama (and this course) pairs coordinate i with i + D/2. "
             + _HINT_ROPE,
         ),
         (
-            _rope_mistake("no_two"),
+            slipped(_rope_slip, "no_two"),
             "The exponent is -2i/D (i counts pairs, 2i the coordinates): with -i/D the slowest "
             "pair turns at 10000 ** -0.5 instead of about 1/10000. " + _HINT_ROPE,
         ),
         (
-            _rope_mistake("backwards"),
+            slipped(_rope_slip, "backwards"),
             "The pairs turn the wrong way: the sine's sign is flipped. " + _HINT_ROPE,
         ),
         (
-            _rope_mistake("ignore_positions"),
+            slipped(_rope_slip, "ignore_positions"),
             "Use the positions you are given (they need not be 0 … L-1, e.g. while decoding). "
             + _HINT_ROPE,
         ),

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,7 +23,7 @@ from torch import Tensor
 
 import mha
 
-from .._harness import Case, Exercise, publish, randn64, whole
+from .._harness import Case, Exercise, publish, randn64, slipped, whole
 
 _NO_GATED_DELTA = "write the step yourself, without mha.gated_delta_rule."
 
@@ -85,10 +84,6 @@ _HINT_STEP = (
 )
 
 
-def _step_mistake(name: str) -> Callable[..., Tensor]:
-    return lambda state, k, v, g, beta: _step_slip(state, k, v, g, beta, **{name: True})
-
-
 DELTA_STEP = Exercise(
     "check_delta_step",
     "one step of the gated delta rule on batches of memories, Dk ≠ Dv included",
@@ -98,31 +93,31 @@ DELTA_STEP = Exercise(
     mistakes=(
         (mha.gated_delta_rule, _NO_GATED_DELTA),
         (
-            _step_mistake("no_fade"),
+            slipped(_step_slip, "no_fade"),
             "The gate is missing: the memory first fades, multiplied by exp(g) ≤ 1. " + _HINT_STEP,
         ),
         (
-            _step_mistake("g_as_factor"),
+            slipped(_step_slip, "g_as_factor"),
             "g is the log of the decay: multiply by exp(g), not by g (g ≤ 0 would flip the "
             "memory's sign). " + _HINT_STEP,
         ),
         (
-            _step_mistake("read_unfaded"),
+            slipped(_step_slip, "read_unfaded"),
             "Read the memory after it faded: the error is v minus what the *faded* memory "
             "predicts, kᵀ (exp(g) · state). " + _HINT_STEP,
         ),
         (
-            _step_mistake("fade_after"),
+            slipped(_step_slip, "fade_after"),
             "Fade first, then correct: fading after the write also shrinks the new value. "
             + _HINT_STEP,
         ),
         (
-            _step_mistake("no_correction"),
+            slipped(_step_slip, "no_correction"),
             "That is linear attention's write, k ⊗ β v: the delta rule writes only the error, "
             "v minus what the memory already predicts for k. " + _HINT_STEP,
         ),
         (
-            _step_mistake("no_beta"),
+            slipped(_step_slip, "no_beta"),
             "Scale the error by beta, the token's writing strength. " + _HINT_STEP,
         ),
     ),
@@ -259,10 +254,6 @@ _HINT_CORRECTIONS = (
 )
 
 
-def _corrections_mistake(name: str) -> Callable[..., Tensor]:
-    return lambda k, v, g, beta: _corrections_slip(k, v, g, beta, **{name: True})
-
-
 CHUNK_CORRECTIONS = Exercise(
     "check_chunk_corrections",
     "every token's correction u_t of a chunk from one triangular solve",
@@ -271,32 +262,32 @@ CHUNK_CORRECTIONS = Exercise(
     variants=(_corrections_by_recurrence, lambda *args: _corrections_slip(*args)),
     mistakes=(
         (
-            _corrections_mistake("no_system"),
+            slipped(_corrections_slip, "no_system"),
             "β v alone is linear attention's write: each correction also subtracts what the "
             "earlier tokens of the chunk already wrote under k_t. " + _HINT_CORRECTIONS,
         ),
         (
-            _corrections_mistake("no_decay"),
+            slipped(_corrections_slip, "no_decay"),
             "Between token s and token t the memory fades by e^{γ_t-γ_s}: weight A[t, s] by it. "
             + _HINT_CORRECTIONS,
         ),
         (
-            _corrections_mistake("diagonal"),
+            slipped(_corrections_slip, "diagonal"),
             "A is strictly lower-triangular: the identity already stands for u_t itself, and "
             "token t reads only what tokens s < t wrote. " + _HINT_CORRECTIONS,
         ),
         (
-            _corrections_mistake("beta_column"),
+            slipped(_corrections_slip, "beta_column"),
             "Row t of A is scaled by β_t, the strength of the token being corrected, not by "
             "β_s. " + _HINT_CORRECTIONS,
         ),
         (
-            _corrections_mistake("no_beta_in_A"),
+            slipped(_corrections_slip, "no_beta_in_A"),
             "The whole error of token t is scaled by β_t, the part read from earlier tokens "
             "too: A[t, s] carries β_t. " + _HINT_CORRECTIONS,
         ),
         (
-            _corrections_mistake("minus"),
+            slipped(_corrections_slip, "minus"),
             "Moving the subtracted sum to the left gives I + A, not I - A. " + _HINT_CORRECTIONS,
         ),
     ),
@@ -402,10 +393,6 @@ _HINT_MEMORY = (
 )
 
 
-def _memory_mistake(name: str) -> Callable[[dict, int, int], int]:
-    return lambda config, seq_len, nbytes: _memory_slip(config, seq_len, nbytes, **{name: True})
-
-
 DECODE_MEMORY = Exercise(
     "check_decode_memory",
     "KV cache plus delta-rule states of hybrid stacks, Qwen3-Next's included",
@@ -414,31 +401,31 @@ DECODE_MEMORY = Exercise(
     variants=(_memory_by_layers, lambda *args: _memory_slip(*args)),
     mistakes=(
         (
-            _memory_mistake("all_full"),
+            slipped(_memory_slip, "all_full"),
             "Only the 'full_attention' layers keep a KV cache; the linear layers keep a "
             "fixed-size state. " + _HINT_MEMORY,
         ),
         (
-            _memory_mistake("state_grows"),
+            slipped(_memory_slip, "state_grows"),
             "A linear layer's state does not grow with the sequence: one (Dk, Dv) matrix per "
             "value head, for any seq_len. " + _HINT_MEMORY,
         ),
         (
-            _memory_mistake("keys_only"),
+            slipped(_memory_slip, "keys_only"),
             "A full-attention layer caches a key and a value per kv head and token. "
             + _HINT_MEMORY,
         ),
         (
-            _memory_mistake("key_heads"),
+            slipped(_memory_slip, "key_heads"),
             "There is one state per value head (linear_num_value_heads): the key heads are "
             "shared by several value heads, as in GQA. " + _HINT_MEMORY,
         ),
         (
-            _memory_mistake("sum_dims"),
+            slipped(_memory_slip, "sum_dims"),
             "A state is a (Dk, Dv) matrix: Dk · Dv numbers per head, not Dk + Dv. " + _HINT_MEMORY,
         ),
         (
-            _memory_mistake("interval"),
+            slipped(_memory_slip, "interval"),
             "Read which layers are full from config['layer_types'], not from a fixed every "
             "fourth layer. " + _HINT_MEMORY,
         ),
