@@ -407,7 +407,7 @@ def _paged_attention(
             bias[..., j * bs : (j + c) * bs]
         )  # (B, Hkv, G·L, c·bs)
         m_new = torch.maximum(m, scores.amax(-1, keepdim=True))  # (B, Hkv, G·L, 1)
-        safe = m_new.nan_to_num(neginf=0.0)  # a row with no key yet: subtract 0, not -inf
+        safe = torch.where(torch.isneginf(m_new), 0.0, m_new)  # a row with no key yet
         p = scores.sub_(safe).exp_()  # in place: the largest tensor of the step
         alpha = torch.exp(m - safe)  # rescales what was summed with the old max
         l = alpha * l + p.sum(-1, keepdim=True)  # noqa: E741

@@ -41,6 +41,7 @@ from conftest import REPO, read_yaml, skip_or_fail, toc_chapter_files, toc_chapt
 
 sys.path.insert(0, str(REPO / "tools"))
 import figure_text  # noqa: E402 (tools/ is not a package: it joins the path first)
+import translate  # noqa: E402
 
 pytestmark = pytest.mark.browser
 
@@ -800,7 +801,7 @@ def check_chinese_figures(page, path: str) -> None:
     from PIL import Image
 
     stem = Path(path).stem
-    table = read_yaml(REPO / "i18n" / "zh" / f"{stem}.yml").get("figures") or {}
+    table = translate.load_figure_labels(stem) or {}
     english = notebook_facts(stem)["text"]
     shown = page.evaluate(FIGURES_JS)
     assert len(shown) == len(english), (

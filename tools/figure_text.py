@@ -26,13 +26,12 @@ labels (``figures:`` in ``i18n/zh/<stem>.yml``, :func:`translate`), tick labels 
 CJK font after the usual ones, and saved as the inline backend saves (same size, same padding).
 The output gets::
 
-    "mha_zh": {"image/png": "<base64>", "size": {...}, "strings": ["猫", ...], "missing": [],
-               "mha_text": {...}}
+    "mha_zh": {"image/png": "<base64>", "size": {...}, "strings": ["猫", ...], "mha_text": {...}}
 
 `size` is its width and height as the backend gives them for a "retina" PNG, `strings` are the
 texts that drawing holds (also written into the PNG itself, as its
 ``Description`` text chunk, a JSON list, which the browser test reads from the Chinese page),
-`missing` the English texts the table has no entry for, and `mha_text` that drawing's sizes.
+and `mha_text` that drawing's sizes; a text the table has no entry for stays English.
 `tools/translate.py build` puts that PNG in the Chinese notebook; `translate.py check` fails while
 a figure has a missing label or was drawn with a table other than today's. A glyph the fonts lack
 stops the run (no empty boxes in place of characters). Output metadata is never compared with the
@@ -139,18 +138,16 @@ def smallest_text(fig) -> dict:
     }
 
 
-def _translated(inner, table: dict[str, str], missing: list[str]):
+def _translated(inner, table: dict[str, str]):
     """A tick formatter that gives the Chinese of what ``inner`` formats (tick labels are made
     anew at every draw, so setting their text once would not last); an English label without a
-    table entry is kept, and listed in ``missing``."""
+    table entry is kept."""
     from matplotlib.ticker import Formatter
 
     def one(text):
         if not isinstance(text, str):  # a formatter may give labels as they were set (numbers)
             return text
         chinese = translate(text, table) if needs_translation(text) else text
-        if chinese is None:
-            missing.append(text)
         return text if chinese is None else chinese
 
     class Translated(Formatter):
@@ -196,7 +193,6 @@ def chinese_drawing(fig, table: dict[str, str]) -> dict:
     from matplotlib.text import Text
     from matplotlib_inline.config import InlineBackend
 
-    missing: list[str] = []
     formatters = [
         (ticker, ticker.formatter)
         for ax in fig.axes
@@ -217,14 +213,12 @@ def chinese_drawing(fig, table: dict[str, str]) -> dict:
                 families.append((t, t.get_fontfamily()))
                 t.set_fontfamily([*t.get_fontfamily(), CJK_FONT])
             for ticker, formatter in formatters:  # set directly: set_major_formatter resets ticks
-                ticker.formatter = _translated(formatter, table, missing)
+                ticker.formatter = _translated(formatter, table)
             fig.canvas.draw()
             for t in _texts(fig, fig.canvas.get_renderer()):
                 english = t.get_text()
                 chinese = translate(english, table) if needs_translation(english) else english
-                if chinese is None:
-                    missing.append(english)
-                elif chinese != english:
+                if chinese is not None and chinese != english:
                     originals.append((t, english))
                     t.set_text(chinese)
             sizes = smallest_text(fig)
@@ -258,7 +252,6 @@ def chinese_drawing(fig, table: dict[str, str]) -> dict:
         "image/png": base64.b64encode(png).decode("ascii"),
         "size": {"width": width // halve, "height": height // halve},  # CSS px, as retina's
         "strings": sizes["strings"],
-        "missing": list(dict.fromkeys(missing)),
         "mha_text": {k: v for k, v in sizes.items() if k != "strings"},
     }
 
