@@ -809,7 +809,7 @@ def check_chinese_figures(page, path: str) -> None:
     )
     labels = []
     for number, (fig, text) in enumerate(zip(shown, english, strict=True), 1):
-        words = [s for s in (text or {}).get("strings", []) if figure_text.needs_translation(s)]
+        words = translate.figure_words(text)
         if not words:
             labels.append([])
             continue

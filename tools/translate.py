@@ -655,14 +655,19 @@ def figure_outputs(nb) -> list[tuple[int, dict]]:
     return list(enumerate((o for o in pngs if "image/png" in o.get("data", {})), 1))
 
 
+def figure_words(recorded: dict | None) -> list[str]:
+    """The texts of a figure's English drawing that need Chinese, from what make execute
+    recorded in its output's metadata (``mha_text``)."""
+    return [s for s in (recorded or {}).get("strings", []) if label_needs_translation(s)]
+
+
 def figure_label_problems(name: str, nb, glossary: list[dict], i18n: Path | None = None):
     """Every English word a figure draws has its Chinese in the table, the stored Chinese
     drawing was made with today's table, and the table has no entry that no figure draws."""
     table = load_figure_labels(name, i18n) or {}
     problems, used = [], set()
     for number, output in figure_outputs(nb):
-        text = output.get("metadata", {}).get("mha_text") or {}
-        needed = [s for s in text.get("strings", []) if label_needs_translation(s)]
+        needed = figure_words(output.get("metadata", {}).get("mha_text"))
         if not needed:
             continue
         where = f"{name}: figure {number}"
@@ -705,8 +710,8 @@ def missing_figure_labels(name: str) -> list[str]:
         dict.fromkeys(
             s
             for _, output in figure_outputs(nb)
-            for s in (output.get("metadata", {}).get("mha_text") or {}).get("strings", [])
-            if label_needs_translation(s) and translate_label(s, table) is None
+            for s in figure_words(output.get("metadata", {}).get("mha_text"))
+            if translate_label(s, table) is None
         )
     )
 
