@@ -9,7 +9,7 @@
 #   make test-notebooks every notebook executed once, as Colab's "Run all" does, its outputs
 #                 compared with the stored ones as nbval would (make test-colab: the same)
 #   make test-newest  the notebook test on the newest Python, torch, numpy, matplotlib (downloads)
-#   make test-browser the built book in headless Chromium
+#   make test-browser the built book: its HTML read as files, then every page in headless Chromium
 #   make serve    serve the built book on http://localhost:8000
 #   make execute  re-execute every chapter in place (after editing a chapter or mha),
 #                 refresh their text twins in chapters/text/ (make text does only that)
@@ -122,8 +122,10 @@ test-newest:
 	$(NEWEST)/bin/python tools/versions.py
 	MHA_COMPARE_OUTPUTS=0 $(NEWEST)/bin/pytest -v -p no:cacheprovider --durations=0 $(NOTEBOOK_TEST)
 
+# The built book: its pages read as files (tests/test_book_html.py, no browser), then each page
+# of both editions rendered once in headless Chromium (tests/test_browser.py), two at a time.
 test-browser: $(STAMP)
-	$(BIN)/pytest -m browser tests/test_browser.py
+	$(BIN)/pytest -m browser -n 2 tests/test_book_html.py tests/test_browser.py
 
 serve:
 	@test -f _build/html/index.html || { echo "No book yet: run make book first"; exit 1; }

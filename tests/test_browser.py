@@ -1,51 +1,69 @@
-"""The built book, as a reader sees it: every page rendered in headless Chromium.
+"""The built book, as a reader sees it: every page of both editions rendered in headless Chromium.
 
 Needs `make book` (the HTML in _build/html), Debian's `chromium` (or CHROMIUM=/path/to/chrome)
-and a local MathJax 3 from `npm ci` (node_modules/mathjax). The book loads MathJax from its CDN;
-here that request is answered from the local copy, so the test really checks typeset math, offline.
-Any other request that leaves localhost is blocked.
+and a local MathJax 3 and axe-core from `npm ci` (node_modules/). The book loads MathJax from its
+CDN; here that request is answered from the local copy, so the test really checks typeset math,
+offline. Any other request that leaves localhost is blocked.
 
-It also reads every page on a phone (390 x 844): the sidebar and the in-page contents open and
-their links work, nothing scrolls the page sideways, and axe-core (npm, node_modules/axe-core)
-finds no critical or serious accessibility violation, at phone and at desktop width, on the page
-at rest (web fonts loaded, transitions and animations ended: see settle()). Every
-figure has alt text and a caption, opens full size, is sharp on high-density screens, and keeps
-its proportions and a readable size on a phone.
+What the HTML alone shows (links and anchors, alt text, captions, folded solutions, the Colab and
+language links, each script once, the Chinese figures' labels, the search index) is checked
+without a browser by tests/test_book_html.py. This file checks what needs one, on ONE load of
+each page at phone width (390 x 844, touch): math typeset, images loaded, nothing scrolling the
+page sideways, wide formulas and tables scrolling in their own box, code wrapping, figures in
+proportion and readable (no label under 9 px) and sharp, solutions folded and opening on a tap,
+Chinese drawn by a CJK font, axe-core finding no critical or serious accessibility violation,
+then on the same load dark mode (the reader's system switched to dark, the theme following it,
+axe's colour rules run again), and on the landing page the phone's navigation drawers. A sample
+of pages that covers every template (landing page, an opening page, a section with figures,
+exercises and math, the posts, the glossary; in both editions) is also loaded at desktop width
+(code cells that fit the column, solutions opening, axe, dark mode, the Chinese interface), and
+a few search terms per edition are typed into a page's search field (the static test queries
+the index for all of them). Any console error or uncaught exception on any page fails.
 
-Dark mode changes colours only, so it is checked on the same page load: the reader's system is
-switched to dark (the theme follows it live) and axe's colour rules run again.
+axe and the screenshots run on the page at rest (web fonts loaded, transitions and animations
+ended: see settle()).
 
 Locally a missing prerequisite skips the test; with the environment variable CI set it fails.
-Screenshots of every chapter land in _build/screenshots/ (phone-*.png at phone width, dark-*.png
-in dark mode, zh-*.png for the Chinese edition): the first screen of each page, or the whole page
-with BOOK_SCREENSHOTS=full (a long page takes seconds to capture).
+Screenshots land in _build/screenshots/: phone-*.png (English pages on a phone), zh-*.png
+(Chinese pages on a phone), dark-*.png (dark mode, dark-zh-* for Chinese), desktop-*.png (the
+desktop sample): the first screen of each page, or the whole page with BOOK_SCREENSHOTS=full.
+With BOOK_STEP_TIMES=1 the seconds spent in each step (load, math, axe, ...) are printed at the
+end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import json
 import mimetypes
 import os
 import re
 import subprocess
-import sys
 import threading
+import time
+from collections import defaultdict
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import quote, urljoin, urlparse
+from urllib.parse import parse_qs, urlparse
 
 import nbformat
 import pytest
-from conftest import REPO, read_yaml, skip_or_fail, toc_chapter_files, toc_chapters
-
-sys.path.insert(0, str(REPO / "tools"))
-import figure_text  # noqa: E402 (tools/ is not a package: it joins the path first)
-import translate  # noqa: E402
+from conftest import REPO, read_yaml, skip_or_fail, toc_chapters
+from test_book_html import (
+    ALL_PAGES,
+    CHAPTERS,
+    CJK,
+    ENGLISH_CHROME,
+    HTML,
+    NOTEBOOK_CHAPTERS,
+    ROOT,
+    SEARCHES,
+    notebook_facts,
+    widest_code_lines,
+)
 
 pytestmark = pytest.mark.browser
 
-HTML = Path(os.environ.get("BOOK_HTML", REPO / "_build" / "html"))
 SCREENSHOTS = REPO / "_build" / "screenshots"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 MATHJAX_LOCAL = REPO / "node_modules" / "mathjax" / "es5"
@@ -64,11 +82,49 @@ CHROMIUM_ARGS = [
     "--no-first-run",
     "--disable-dev-shm-usage",  # containers often have a tiny /dev/shm
 ]
-CHAPTERS = [f for f in toc_chapter_files(read_yaml(REPO / "_toc.yml")) if f.startswith("chapters/")]
-CONFIG = read_yaml(REPO / "_config.yml")
-PAGES = [f"{read_yaml(REPO / '_toc.yml')['root']}.html"] + [f"{c}.html" for c in CHAPTERS]
-# The notebooks among them (the others are markdown pages: the posts, the glossary).
-NOTEBOOK_CHAPTERS = [c for c in CHAPTERS if (REPO / f"{c}.ipynb").exists()]
+LANDING = {ROOT, f"zh/{ROOT}"}
+# The desktop sample: one page of each template, in both editions (index.html forwards to the
+# landing page). The section has figures, exercises with solutions and math.
+SECTION = "chapters/01_2_cat_eats_fish.html"
+DESKTOP_SAMPLE = [
+    "index.html",
+    "chapters/01_queries_keys_values.html",
+    SECTION,
+    "chapters/posts.html",
+    "chapters/glossary.html",
+]
+DESKTOP_SAMPLE += [f"zh/{p}" for p in DESKTOP_SAMPLE]
+# The site's index.html (each edition's) forwards to its landing page.
+FORWARDS = {"index.html": ROOT, "zh/index.html": f"zh/{ROOT}"}
+# Search: a few terms per edition typed into a real page (tests/test_book_html.py queries the
+# index for every term of SEARCHES): two-word and one-character queries, Chinese cut into the
+# index's words, Chinese with a Latin word.
+SEARCH_SAMPLE = {"en": ["causal mask", "online softmax"], "zh": ["位置编码", "键", "在线softmax"]}
+
+# --- time per step (BOOK_STEP_TIMES=1 prints them) ------------------------------------------------
+
+STEP_TIMES: dict[str, list[float]] = defaultdict(list)
+
+
+@contextlib.contextmanager
+def step(name: str):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        STEP_TIMES[name].append(time.perf_counter() - start)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def step_times():
+    yield
+    if os.environ.get("BOOK_STEP_TIMES") and STEP_TIMES:
+        print("\nseconds per step (count, total, mean):")
+        for name, times in sorted(STEP_TIMES.items(), key=lambda kv: -sum(kv[1])):
+            print(f"  {name:22} {len(times):4d} {sum(times):8.1f} {sum(times) / len(times):6.2f}")
+
+
+# --- what the page runs in the browser ------------------------------------------------------------
 
 # TeX that MathJax should have consumed; seen in the page text, it means math was not typeset.
 RAW_TEX = re.compile(
@@ -87,13 +143,16 @@ ARTICLE_TEXT_JS = """() => {
 
 # Every math element Sphinx wrote must now hold MathJax output; list those that do not, and every
 # formula whose internal MathML has an error or an undefined macro (MathJax draws those in red).
+# A page without math does not load MathJax.
 MATH_PROBLEMS_JS = """() => {
   const untypeset = [...document.querySelectorAll('.math')]
       .filter(el => !el.querySelector('mjx-container')).map(el => el.textContent.slice(0, 80));
   const broken = [];
-  for (const item of MathJax.startup.document.math) {
-    const mml = MathJax.startup.toMML(item.root);
-    if (/<merror|mathcolor="red"/.test(mml)) broken.push(item.math.slice(0, 80));
+  if (window.MathJax && MathJax.startup && MathJax.startup.document) {
+    for (const item of MathJax.startup.document.math) {
+      const mml = MathJax.startup.toMML(item.root);
+      if (/<merror|mathcolor="red"/.test(mml)) broken.push(item.math.slice(0, 80));
+    }
   }
   return {count: document.querySelectorAll('mjx-container').length,
           errors: document.querySelectorAll('mjx-merror').length, untypeset, broken};
@@ -107,18 +166,13 @@ IMAGES_JS = """async () => {
   return imgs.map(img => ({src: img.getAttribute('src'), width: img.naturalWidth}));
 }"""
 
-# The figures of the notebook outputs, as drawn: alt text, caption, the link around the image
-# (Sphinx links a scaled image to its full-size file), display size and stored size.
-FIGURES_JS = """() => [...document.querySelectorAll('article .cell_output img')].map(img => {
-  const link = img.closest('a');
-  const caption = img.closest('figure')?.querySelector('figcaption .caption-text');
-  return {src: img.getAttribute('src'), alt: img.getAttribute('alt') || '',
-          href: link ? link.getAttribute('href') : null,
-          caption: caption ? caption.textContent.trim() : '',
-          styleWidth: parseFloat(img.style.width) || 0,
-          naturalWidth: img.naturalWidth, naturalHeight: img.naturalHeight,
-          shownWidth: img.clientWidth, shownHeight: img.clientHeight};
-})"""
+# The figures of the notebook outputs, as drawn: display size (inline style and on screen) and
+# stored size.
+FIGURES_JS = """() => [...document.querySelectorAll('article .cell_output img')].map(img => ({
+  src: img.getAttribute('src'),
+  styleWidth: parseFloat(img.style.width) || 0,
+  naturalWidth: img.naturalWidth, naturalHeight: img.naturalHeight,
+  shownWidth: img.clientWidth, shownHeight: img.clientHeight}))"""
 
 # Code blocks whose lines do not fit the text column (the block scrolls sideways), with their
 # longest line: the code cells (at desktop width; package code shown with literalinclude is 100
@@ -132,12 +186,23 @@ CODE_OVERFLOW_JS = """selector => [...document.querySelectorAll(selector)]
 CODE_CELLS = "article div.cell_input pre"
 ALL_CODE = "article div.highlight pre"
 
-
-# sphinx-thebe 0.3.1 writes its inline config script twice into every page under Sphinx 7.4, so
-# the second copy fails with this SyntaxError. Thebe (live code in the page) is not enabled in this
-# book, so nothing depends on that script; any other JavaScript error fails the test.
-KNOWN_PAGE_ERRORS = {"Identifier 'THEBE_JS_URL' has already been declared"}
-
+# The given lines, each put into a copy of the page's first visible code cell: those that do not
+# fit it (the copy scrolls sideways). The copies are removed again.
+CODE_LINES_FIT_JS = """lines => {
+  const cell = [...document.querySelectorAll('article div.cell_input')]
+    .find(c => c.querySelector('pre') && c.querySelector('pre').offsetParent !== null);
+  if (!cell) return null;
+  const wide = [];
+  for (const line of lines) {
+    const copy = cell.cloneNode(true);
+    copy.querySelector('pre').textContent = line;
+    cell.after(copy);
+    const pre = copy.querySelector('pre');
+    if (pre.scrollWidth > pre.clientWidth + 1) wide.push(line);
+    copy.remove();
+  }
+  return wide;
+}"""
 
 # Elements that stick out to the right of the viewport without a scrolling box around them, that
 # is, what makes the page itself scroll sideways. Drawers parked off-screen (position: fixed)
@@ -231,8 +296,13 @@ SETTLE_JS = """async () => {
 
 def settle(page) -> None:
     """Bring the page to rest: web fonts loaded, every transition and animation at its end."""
-    page.add_style_tag(content=SETTLED_CSS)
-    running = page.evaluate(SETTLE_JS)
+    with step("settle"):
+        if not page.evaluate("() => !!document.getElementById('book-test-settled')"):
+            page.add_style_tag(content=SETTLED_CSS)
+            page.evaluate(
+                "() => { document.querySelector('style:last-of-type').id = 'book-test-settled'; }"
+            )
+        running = page.evaluate(SETTLE_JS)
     assert not running, f"{page.url}: still animating after settling, axe would race it: {running}"
 
 
@@ -241,20 +311,33 @@ def axe_violations(page, rules: list[str] | None = None) -> list[str]:
     axe runs by default, or only of ``rules``."""
     settle(page)
     if not page.evaluate("() => typeof window.axe === 'object'"):
-        page.add_script_tag(content=AXE_JS.read_text(encoding="utf-8"))
-    violations = page.evaluate(
-        """async ([exclude, rules]) => {
-          const options = {resultTypes: ['violations']};
-          if (rules) options.runOnly = {type: 'rule', values: rules};
-          const result = await axe.run({exclude: exclude.map(s => [s])}, options);
-          return result.violations
-            .filter(v => v.impact === 'critical' || v.impact === 'serious')
-            .map(v => `${v.impact} ${v.id} (${v.help}): `
-                      + v.nodes.slice(0, 5).map(n => n.target.join(' ')).join(' | '));
-        }""",
-        [AXE_EXCLUDE, rules],
+        with step("axe inject"):
+            page.add_script_tag(content=axe_source())
+    with step("axe colours" if rules else "axe"):
+        return page.evaluate(
+            """async ([exclude, rules]) => {
+              const options = {resultTypes: ['violations']};
+              if (rules) options.runOnly = {type: 'rule', values: rules};
+              const result = await axe.run({exclude: exclude.map(s => [s])}, options);
+              return result.violations
+                .filter(v => v.impact === 'critical' || v.impact === 'serious')
+                .map(v => `${v.impact} ${v.id} (${v.help}): `
+                          + v.nodes.slice(0, 5).map(n => n.target.join(' ')).join(' | '));
+            }""",
+            [AXE_EXCLUDE, rules],
+        )
+
+
+@functools.cache
+def axe_source() -> str:
+    return AXE_JS.read_text(encoding="utf-8")
+
+
+def check_axe(page, path: str, where: str) -> None:
+    violations = axe_violations(page)
+    assert not violations, f"{path}: accessibility violations {where} (axe-core):\n" + (
+        "\n".join(violations)
     )
-    return violations
 
 
 # The axe rules that read colours: all that dark mode can change (the theme swaps colours by CSS
@@ -265,11 +348,12 @@ COLOUR_RULES = ["color-contrast", "link-in-text-block"]
 def check_dark_mode(page, path: str, shot: str) -> None:
     """Switch the reader's system to dark mode on the loaded page; the theme follows it, and
     axe's colour rules find nothing critical or serious in dark mode either."""
-    page.emulate_media(color_scheme="dark")
     try:
-        page.wait_for_function(
-            "() => document.documentElement.dataset.theme === 'dark'", timeout=5000
-        )
+        with step("dark switch"):
+            page.emulate_media(color_scheme="dark")
+            page.wait_for_function(
+                "() => document.documentElement.dataset.theme === 'dark'", timeout=5000
+            )
     except Exception:  # noqa: BLE001 - reported with the theme the page shows instead
         theme = page.evaluate("() => document.documentElement.dataset.theme")
         message = f"{path}: the page did not follow the system to dark mode ({theme!r})"
@@ -278,7 +362,19 @@ def check_dark_mode(page, path: str, shot: str) -> None:
     assert not violations, f"{path}: accessibility violations in dark mode (axe-core):\n" + (
         "\n".join(violations)
     )
-    page.screenshot(path=SCREENSHOTS / f"dark-{shot}.png")
+    screenshot(page, f"dark-{shot}")
+
+
+def screenshot(page, name: str) -> None:
+    """The first screen of the page (the whole page with BOOK_SCREENSHOTS=full)."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with step("screenshot"):
+        if not FULL_PAGE_SCREENSHOTS:  # instantly (the theme scrolls smoothly: ~1 s)
+            page.evaluate("() => window.scrollTo({top: 0, left: 0, behavior: 'instant'})")
+        page.screenshot(path=SCREENSHOTS / f"{name}.png", full_page=FULL_PAGE_SCREENSHOTS)
+
+
+# --- the site, the browser and the pages ----------------------------------------------------------
 
 
 class QuietHandler(SimpleHTTPRequestHandler):
@@ -320,7 +416,8 @@ def browser():
 
 @pytest.fixture
 def open_page(browser, site):
-    """open_page(path) -> (page, problems): the page loaded, MathJax finished, problems recorded."""
+    """open_page(path) -> (page, problems): the page loaded at desktop width, MathJax finished,
+    problems (console errors, uncaught exceptions, missing MathJax files) recorded."""
     yield from page_opener(browser, site, DESKTOP)
 
 
@@ -331,8 +428,9 @@ def open_phone_page(browser, site):
 
 
 def page_opener(browser, site: str, viewport: dict, **options):
-    context = browser.new_context(viewport=viewport, **options)
-    problems: dict[str, list[str]] = {"mathjax_missing": [], "page_errors": [], "blocked": []}
+    with step("context"):
+        context = browser.new_context(viewport=viewport, **options)
+    problems: dict[str, list[str]] = {"mathjax_missing": [], "errors": [], "blocked": []}
 
     def route(r) -> None:
         url = r.request.url
@@ -352,21 +450,28 @@ def page_opener(browser, site: str, viewport: dict, **options):
 
     context.route("**/*", route)
 
+    def console(message) -> None:
+        if message.type == "error":
+            where = message.location.get("url", "") if message.location else ""
+            problems["errors"].append(f"console error: {message.text} ({where})")
+
     def open_(path: str, redirects_to: str | None = None):
         page = context.new_page()
-        page.on(
-            "pageerror",
-            lambda exc: str(exc) in KNOWN_PAGE_ERRORS or problems["page_errors"].append(str(exc)),
-        )
-        response = page.goto(site + path, wait_until="load")
-        assert response is not None and response.ok, f"{path}: HTTP {response and response.status}"
-        if redirects_to:
-            page.wait_for_url(site + redirects_to, wait_until="load", timeout=10_000)
-        if page.locator(".math").count():
-            page.wait_for_function(
-                "() => window.MathJax && MathJax.startup && MathJax.startup.promise"
+        page.on("console", console)
+        page.on("pageerror", lambda exc: problems["errors"].append(f"uncaught: {exc}"))
+        with step("load"):
+            response = page.goto(site + path, wait_until="load")
+            assert response is not None and response.ok, (
+                f"{path}: HTTP {response and response.status}"
             )
-            page.evaluate("() => MathJax.startup.promise.then(() => true)")
+            if redirects_to:
+                page.wait_for_url(site + redirects_to, wait_until="load", timeout=10_000)
+        if page.locator(".math").count():
+            with step("mathjax"):
+                page.wait_for_function(
+                    "() => window.MathJax && MathJax.startup && MathJax.startup.promise"
+                )
+                page.evaluate("() => MathJax.startup.promise.then(() => true)")
         return page, problems
 
     try:
@@ -375,203 +480,76 @@ def page_opener(browser, site: str, viewport: dict, **options):
         context.close()
 
 
+def assert_no_errors(path: str, problems: dict) -> None:
+    """No script error, console error or missing MathJax file on the page (or the pages it led
+    to)."""
+    assert not problems["errors"], f"{path}: errors in the browser:\n" + "\n".join(
+        problems["errors"]
+    )
+    assert not problems["mathjax_missing"], (
+        f"{path}: MathJax files missing locally: {problems['mathjax_missing']}"
+    )
+
+
 def source_has_math(path: str) -> bool:
-    """Whether the page's source writes math: a chapter's markdown cells, or the landing page."""
+    """Whether the page's source writes math: a chapter's markdown cells, or a markdown page."""
     stem = Path(path).stem
     notebook = REPO / "chapters" / f"{stem}.ipynb"
     if notebook.exists():
         nb = nbformat.read(notebook, as_version=4)
         text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     else:
-        page = REPO / "chapters" / f"{stem}.md"
-        page = page if page.exists() else REPO / "chapters" / "index.md"
-        text = page.read_text(encoding="utf-8")
+        folder = REPO / "zh" if path.startswith("zh/") else REPO
+        page = folder / "chapters" / f"{stem}.md"
+        text = page.read_text(encoding="utf-8") if page.exists() else ""
     return bool(re.search(r"\$[^$\n]+\$|\$\$|\{math\}|\\begin\{", text))
 
 
-def check_math(page, path: str, problems: dict) -> None:
-    math = page.evaluate(MATH_PROBLEMS_JS)
+def check_math(page, path: str) -> None:
+    with step("check math"):
+        math = page.evaluate(MATH_PROBLEMS_JS)
+        leftover = RAW_TEX.findall(page.evaluate(ARTICLE_TEXT_JS))
     if source_has_math(path):  # an opening page of sections may have none
         assert math["count"] > 0, f"{path}: no math typeset by MathJax (no mjx-container)"
-    assert not problems["mathjax_missing"], (
-        f"{path}: MathJax files missing locally: {problems['mathjax_missing']}"
-    )
     assert not math["untypeset"], f"{path}: math left untypeset: {math['untypeset']}"
     assert math["errors"] == 0 and not math["broken"], f"{path}: MathJax errors in {math['broken']}"
-    leftover = RAW_TEX.findall(page.evaluate(ARTICLE_TEXT_JS))
     assert not leftover, f"{path}: raw TeX in the page text: {leftover[:10]}"
 
 
-def notebook_facts(stem: str, edition: str = "en") -> dict:
-    """What the page of notebook ``stem`` must show, from the English notebook or (``"zh"``) the
-    Chinese one that tools/translate.py build made, with its figures' Chinese drawings."""
-    folder = REPO / "zh" / "chapters" if edition == "zh" else REPO / "chapters"
-    nb = nbformat.read(folder / f"{stem}.ipynb", as_version=4)
-    title = next(ln for ln in nb.cells[0].source.splitlines() if ln.startswith("# "))[2:].strip()
-    markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
-    figures = [  # the PNG outputs the book shows, in page order
-        o
-        for c in nb.cells
-        if c.cell_type == "code"
-        and not {"remove-output", "remove-cell"} & set(c.metadata.get("tags", []))
-        for o in c.outputs
-        if "image/png" in o.get("data", {})
-    ]
-    return {
-        "title": title,
-        "exercises": len(re.findall(r"\{exercise(?:-start)?\}", markdown)),
-        "solutions": len(re.findall(r"\{solution-start\}", markdown)),
-        "pngs": len(figures),
-        # What tools/figure_text.py recorded when make execute drew each figure (None: nothing).
-        "text": [o.get("metadata", {}).get("mha_text") for o in figures],
-    }
-
-
-def colab_url(stem: str) -> str:
-    owner_repo = urlparse(CONFIG["repository"]["url"]).path.strip("/").removesuffix(".git")
-    branch = CONFIG["repository"]["branch"]
-    return (
-        f"https://colab.research.google.com/github/{owner_repo}/blob/{branch}/chapters/{stem}.ipynb"
-    )
-
-
-def test_landing_page(open_page, site):
-    root = read_yaml(REPO / "_toc.yml")["root"]
-    # The site's index.html forwards to the landing page.
-    page, problems = open_page("index.html", redirects_to=f"{root}.html")
-    assert "Multi-Head Attention" in page.locator("article h1").first.inner_text()
-    assert switch_target(page, site) == f"zh/{root}.html"  # the language switch
-    check_math(page, "index.html", problems)
-    entries = len(
-        re.findall(r"^@\w+\{", (REPO / "references.bib").read_text(encoding="utf-8"), re.MULTILINE)
-    )
-    shown = page.locator(
-        "article .citation, article dl.citation > dt, article div.citation"
-    ).count()
-    assert shown >= entries, (
-        f"the bibliography shows {shown} of the {entries} entries of references.bib"
-    )
-    for chapter in CHAPTERS:
-        assert page.locator(f'article a[href^="{Path(chapter).name}.html"]').count(), (
-            f"index does not link {chapter}"
-        )
-    assert not problems["page_errors"], f"JavaScript errors: {problems['page_errors']}"
-    check_wide_content(page, "index.html")
-    violations = axe_violations(page)
-    assert not violations, "index.html: accessibility violations (axe-core):\n" + "\n".join(
-        violations
-    )
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=SCREENSHOTS / "index.png", full_page=FULL_PAGE_SCREENSHOTS)
-    check_dark_mode(page, "index.html", Path(root).name)
-
-
-@pytest.mark.parametrize("chapter", NOTEBOOK_CHAPTERS, ids=lambda c: Path(c).name)
-def test_chapter_page(open_page, site, chapter):
-    stem = Path(chapter).name
-    path = f"{chapter}.html"
-    assert (HTML / path).exists(), f"{path} is not in the built book"
-    facts = notebook_facts(stem)
-    page, problems = open_page(path)
-    assert switch_target(page, site) == f"zh/{path}"  # the language switch
-
-    # It renders: the chapter's own title, numbered once by the toc.
-    h1 = page.locator("article h1").first.inner_text().replace("#", "").strip()
-    # Sphinx's smart quotes turn a typed apostrophe into a typographic one.
-    plain_title = re.sub(r"[`*]", "", facts["title"]).replace("'", "\u2019")
-    if "$" not in plain_title:
-        assert plain_title in h1, f"{path}: heading {h1!r} does not show the title {plain_title!r}"
-    # "8. 8. Title" is numbered twice; "8.1. Title" is section 1 of chapter 8, numbered once.
-    twice = re.match(r"^\d+(?:\.\d+)*\.\s+\d+\.", h1)
-    assert not twice, f"{path}: the title is numbered twice: {h1!r}"
-
-    check_math(page, path, problems)
-    check_wide_content(page, path)
-
-    # Every figure loads; every PNG output of the notebook is on the page.
-    images = page.evaluate(IMAGES_JS)
+def check_images_load(page, path: str) -> None:
+    with step("images"):
+        images = page.evaluate(IMAGES_JS)
     broken = [img["src"] for img in images if img["width"] == 0]
     assert not broken, f"{path}: images that did not load: {broken}"
-    assert len(images) >= facts["pngs"], (
-        f"{path}: {len(images)} images for {facts['pngs']} PNG outputs"
-    )
-
-    # Every figure says what it shows, has a caption, opens full size when tapped, and is
-    # stored at twice its display size (sharp on high-density screens).
-    for fig in page.evaluate(FIGURES_JS):
-        name = fig["src"].rsplit("/", 1)[-1][:12]
-        assert len(fig["alt"].split()) >= 6 and ".png" not in fig["alt"], (
-            f"{path}: figure {name}: alt text {fig['alt']!r} does not describe the figure"
-        )
-        assert fig["caption"], f"{path}: figure {name} has no caption"
-        assert fig["href"] == fig["src"], f"{path}: figure {name} does not open full size"
-        assert fig["styleWidth"] and fig["naturalWidth"] >= 1.9 * fig["styleWidth"], (
-            f"{path}: figure {name} is stored at {fig['naturalWidth']} px for a display width "
-            f"of {fig['styleWidth']} px: not sharp on a high-density screen"
-        )
-
-    # Code cells fit the text column: chapter code is written at most 80 characters wide.
-    wide_code = page.evaluate(CODE_OVERFLOW_JS, CODE_CELLS)
-    assert not wide_code, f"{path}: code cells wider than the column:\n" + "\n".join(wide_code)
-
-    # The Colab launch button opens this very notebook on the configured branch.
-    hrefs = set(
-        page.eval_on_selector_all(
-            'a[href^="https://colab.research.google.com/"]', "els => els.map(e => e.href)"
-        )
-    )
-    assert hrefs == {colab_url(stem)}, f"{path}: Colab links {hrefs}, expected {colab_url(stem)}"
-
-    # Exercises render; solutions are folded until the reader opens them.
-    exercises = page.locator("article div.exercise")
-    assert exercises.count() == facts["exercises"], (
-        f"{path}: {exercises.count()} exercises rendered, the notebook has {facts['exercises']}"
-    )
-    solutions = page.locator("article div.solution")
-    assert solutions.count() == facts["solutions"], (
-        f"{path}: {solutions.count()} solutions rendered, the notebook has {facts['solutions']}"
-    )
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=SCREENSHOTS / f"{stem}.png")
-    for i in range(solutions.count()):
-        solution = solutions.nth(i)
-        body = solution.locator("section, .cell").first
-        assert body.count(), f"{path}: solution {i + 1} is empty"
-        assert not body.is_visible(), f"{path}: solution {i + 1} is shown before it is opened"
-        # The chevron button; the title itself also holds a link to the exercise.
-        solution.locator("button.toggle-button").first.click()
-        body.wait_for(state="visible", timeout=5000)
-        if i == 0:
-            solution.scroll_into_view_if_needed()
-            page.screenshot(path=SCREENSHOTS / f"{stem}-solution.png")
-
-    assert not problems["page_errors"], f"{path}: JavaScript errors: {problems['page_errors']}"
-    violations = axe_violations(page)
-    assert not violations, f"{path}: accessibility violations (axe-core):\n" + "\n".join(violations)
-    check_dark_mode(page, path, stem)  # with the solutions open
 
 
 def check_wide_content(page, path: str) -> None:
-    wide = page.evaluate(WIDE_CONTENT_JS)
+    with step("layout checks"):
+        wide = page.evaluate(WIDE_CONTENT_JS)
     assert not wide["math"], f"{path}: display math cut off or widening the page: {wide['math']}"
     assert not wide["tables"], f"{path}: wide tables without a scroll hint: {wide['tables']}"
 
 
-@pytest.mark.parametrize("path", PAGES)
-def test_phone_page(open_phone_page, path):
-    """On a phone: the page never scrolls sideways, wide content scrolls in its own box, axe."""
-    page, problems = open_phone_page(path)
-    if path == PAGES[0]:
-        check_start_here(page, path)
-    overflow = page.evaluate(PAGE_OVERFLOW_JS)
+def check_no_sideways_scroll(page, path: str) -> None:
+    with step("layout checks"):
+        overflow = page.evaluate(PAGE_OVERFLOW_JS)
     assert overflow["scrollWidth"] <= overflow["width"] and not overflow["culprits"], (
         f"{path}: the page scrolls sideways at {PHONE['width']} px "
         f"(scrollWidth {overflow['scrollWidth']}); what sticks out:\n"
         + "\n".join(overflow["culprits"][:10])
     )
-    check_wide_content(page, path)
-    # Figures keep their proportions when they shrink to the column, and shrink to no less than
-    # a third of their display size (a figure drawn wider than ~1000 px is unreadable there).
+
+
+def check_code_fits(page, path: str, selector: str, where: str) -> None:
+    with step("layout checks"):
+        wide_code = page.evaluate(CODE_OVERFLOW_JS, selector)
+    assert not wide_code, f"{path}: code blocks scroll sideways {where}:\n" + "\n".join(wide_code)
+
+
+def check_phone_figures(page, path: str) -> None:
+    """Figures keep their proportions when they shrink to the column, shrink to no less than a
+    third of their display size (a figure drawn wider than ~1000 px is unreadable there), and
+    are stored at twice their display width (sharp on high-density screens)."""
     for fig in page.evaluate(FIGURES_JS):
         name = fig["src"].rsplit("/", 1)[-1][:12]
         drawn = fig["shownHeight"] / max(fig["shownWidth"], 1)
@@ -579,31 +557,15 @@ def test_phone_page(open_phone_page, path):
         assert abs(drawn - stored) <= 0.02 * stored, (
             f"{path}: figure {name} is squashed on a phone ({drawn:.2f} vs {stored:.2f})"
         )
-        if fig["styleWidth"]:
-            scale = fig["shownWidth"] / fig["styleWidth"]
-            assert scale >= 0.33, (
-                f"{path}: figure {name} ({fig['styleWidth']:.0f} px wide) shrinks to "
-                f"{scale:.0%} on a phone; draw it narrower or split its panels"
-            )
-    check_phone_solutions(page, path)
-    if path != PAGES[0]:
-        check_figure_text(page, path)
-    # No code block scrolls sideways on a phone (code wraps), open solutions included.
-    wide_code = page.evaluate(CODE_OVERFLOW_JS, ALL_CODE)
-    assert not wide_code, f"{path}: code blocks scroll sideways on a phone:\n" + "\n".join(
-        wide_code
-    )
-    violations = axe_violations(page)
-    assert not violations, f"{path}: accessibility violations on a phone (axe-core):\n" + (
-        "\n".join(violations)
-    )
-    assert not problems["page_errors"], f"{path}: JavaScript errors: {problems['page_errors']}"
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(
-        path=SCREENSHOTS / f"phone-{Path(path).stem}.png", full_page=FULL_PAGE_SCREENSHOTS
-    )
-    if path == PAGES[0]:  # from the landing page, on the same page load: the drawers
-        check_phone_navigation(page, problems)
+        assert fig["styleWidth"] and fig["naturalWidth"] >= 1.9 * fig["styleWidth"], (
+            f"{path}: figure {name} is stored at {fig['naturalWidth']} px for a display width "
+            f"of {fig['styleWidth']} px: not sharp on a high-density screen"
+        )
+        scale = fig["shownWidth"] / fig["styleWidth"]
+        assert scale >= 0.33, (
+            f"{path}: figure {name} ({fig['styleWidth']:.0f} px wide) shrinks to "
+            f"{scale:.0%} on a phone; draw it narrower or split its panels"
+        )
 
 
 MIN_FIGURE_TEXT_PX = 9  # CSS px: the smallest label a reader can read on a phone, unzoomed
@@ -612,10 +574,11 @@ MIN_FIGURE_TEXT_PX = 9  # CSS px: the smallest label a reader can read on a phon
 def check_figure_text(page, path: str) -> None:
     """No figure's smallest label (tick labels, legends, titles, annotations) is drawn under
     MIN_FIGURE_TEXT_PX tall at phone width. Its size comes from the notebook: make execute records
-    each figure's smallest text against the image's width (tools/figure_text.py); the page gives
-    the width the phone shows it at. Solutions are open (check_phone_solutions), so every figure
-    is on screen."""
-    if not (REPO / "chapters" / f"{Path(path).stem}.ipynb").exists():
+    each figure's smallest text against the image's width (tools/figure_text.py; the static test
+    checks that every figure has it); the page gives the width the phone shows it at. Solutions
+    are open (check_phone_solutions), so every figure is on screen."""
+    chapter = f"chapters/{Path(path).stem}"
+    if chapter not in NOTEBOOK_CHAPTERS:
         return  # a markdown page (the posts, the glossary): no figures drawn by code
     edition = "zh" if path.startswith("zh/") else "en"
     recorded = notebook_facts(Path(path).stem, edition)["text"]
@@ -625,11 +588,8 @@ def check_figure_text(page, path: str) -> None:
     )
     small = []
     for number, (fig, text) in enumerate(zip(shown, recorded, strict=True), 1):
-        if text is None:
-            small.append(f"figure {number}: no text size recorded (run make execute on it)")
-            continue
-        if text["fraction"] is None:  # no words to read
-            continue
+        if text is None or text["fraction"] is None:  # none recorded (the static test fails
+            continue  # that), or no words to read
         px = text["fraction"] * fig["shownWidth"]
         if px < MIN_FIGURE_TEXT_PX:
             small.append(
@@ -657,8 +617,8 @@ def check_start_here(page, path: str) -> None:
 
 
 def check_phone_solutions(page, path: str) -> None:
-    """A tap anywhere on a solution's title bar opens it, and the page stays where it is (the
-    title's words are no link back to the exercise that would jump away)."""
+    """Each solution is folded, and a tap anywhere on its title bar opens it, and the page stays
+    where it is (the title's words are no link back to the exercise that would jump away)."""
     solutions = page.locator("article div.solution")
     for i in range(solutions.count()):
         solution = solutions.nth(i)
@@ -688,10 +648,10 @@ def open_drawer(page, side: str, what: str):
     return drawer
 
 
-def check_phone_navigation(page, problems: dict) -> None:
+def check_phone_navigation(page, prefix: str) -> None:
     """Below desktop width the sidebars are drawers: their buttons must open them, and their
     links must work (pydata-sphinx-theme 0.17 left both buttons dead, its issue #2451). Starts on
-    the landing page at phone width (test_phone_page calls it there) and ends on a chapter."""
+    a landing page at phone width and ends on a chapter."""
     # The third chapter of the drawer; where it has sections (folded under it until its toggle
     # opens them), its first section, a page with in-page contents.
     chapters = list(toc_chapters(read_yaml(REPO / "_toc.yml")).items())
@@ -713,27 +673,23 @@ def check_phone_navigation(page, problems: dict) -> None:
     else:
         link = links.first
     link.click()
-    page.wait_for_url(f"**/{target}.html", wait_until="load", timeout=10_000)
+    page.wait_for_url(f"**/{prefix}{target}.html", wait_until="load", timeout=10_000)
     heading = page.locator("article h1").first.inner_text()
     assert heading.strip(), f"{target}: no heading after following the sidebar link"
 
     # The in-page contents: the secondary drawer, with links to the sections of this page.
     toc = open_drawer(page, "secondary", "the in-page contents")
-    sections = toc.locator('a[href^="#"]')
-    assert sections.count() >= 3, f"{target}: the in-page contents show {sections.count()} links"
-    second = sections.nth(1)
+    sections_here = toc.locator('a[href^="#"]')
+    assert sections_here.count() >= 3, (
+        f"{target}: the in-page contents show {sections_here.count()} links"
+    )
+    second = sections_here.nth(1)
     anchor = second.get_attribute("href")
     second.click()
-    page.wait_for_url(f"**/{target}.html{anchor}", timeout=5000)
-    assert not problems["page_errors"], f"JavaScript errors: {problems['page_errors']}"
+    page.wait_for_url(f"**/{prefix}{target}.html{anchor}", timeout=5000)
 
 
-# --- the Chinese edition (中文版, zh/; tools/translate.py) -----------------------------------------
-
-ZH_TOC = read_yaml(REPO / "zh" / "_toc.yml")
-ZH_CHAPTERS = [f for f in toc_chapter_files(ZH_TOC) if f.startswith("chapters/")]
-ZH_PAGES = [f"{ZH_TOC['root']}.html"] + [f"{c}.html" for c in ZH_CHAPTERS]
-CJK = re.compile(r"[\u4e00-\u9fff]")
+# --- Chinese text -------------------------------------------------------------------------------
 
 # The first paragraph of the article with plenty of Chinese in its own text (not in children),
 # marked so that the DevTools protocol can ask which fonts drew it.
@@ -790,170 +746,144 @@ def check_chinese_glyphs(page, path: str) -> None:
     )
 
 
-def check_chinese_figures(page, path: str) -> None:
-    """Every figure whose English drawing has words is drawn in Chinese on the Chinese page: the
-    PNG the page serves names the texts drawn into it (its Description chunk, written by
-    tools/figure_text.py from the figure's own text objects); it has Chinese, and none of the
-    English drawing's words is left as it was, unless the notebook's table keeps it (a name such
-    as softmax). The worked example 猫吃鱼 is drawn with its Chinese tokens."""
-    from io import BytesIO
+def check_chinese_interface(page, path: str) -> None:
+    """A Chinese page speaks zh_CN around the article once its scripts ran (_static/book.js
+    renames the theme's English toggles): no English interface string in the text, tooltips and
+    accessible names, nor in sphinx-togglebutton's hints; the wide tables' hints are Chinese."""
+    shown = page.evaluate(
+        """() => [document.body.innerText,
+                  ...[...document.querySelectorAll('*')]
+                     .map(e => ['title', 'aria-label', 'data-bs-title', 'data-bs-original-title']
+                                .map(a => e.getAttribute(a) || '').join(' ')),
+                  toggleHintShow, toggleHintHide].join('\\n')"""
+    )
+    english = [s for s in ENGLISH_CHROME if s in shown]
+    assert not english, f"{path}: English interface strings {english}"
+    assert "打印为 PDF" in shown and "点击显示" in shown, (
+        f"{path}: Chinese interface strings missing"
+    )
+    check_chinese_hints(page, path)
 
-    from PIL import Image
 
+def check_chinese_hints(page, path: str) -> None:
+    hints = page.eval_on_selector_all(".book-scroll-hint", "els => els.map(e => e.textContent)")
+    assert all(CJK.search(h) for h in hints), f"{path}: wide-table hints not in Chinese: {hints}"
+
+
+# --- the tests ------------------------------------------------------------------------------------
+
+
+def shot_name(path: str) -> str:
     stem = Path(path).stem
-    table = translate.load_figure_labels(stem) or {}
-    english = notebook_facts(stem)["text"]
-    shown = page.evaluate(FIGURES_JS)
-    assert len(shown) == len(english), (
-        f"{path}: {len(shown)} figures, {len(english)} in the notebook"
-    )
-    labels = []
-    for number, (fig, text) in enumerate(zip(shown, english, strict=True), 1):
-        words = translate.figure_words(text)
-        if not words:
-            labels.append([])
-            continue
-        response = page.request.get(urljoin(page.url, fig["src"]))
-        assert response.ok, f"{path}: figure {number} ({fig['src']}): HTTP {response.status}"
-        description = Image.open(BytesIO(response.body())).text.get("Description")
-        assert description, f"{path}: figure {number} is the English drawing (no Chinese labels)"
-        drawn = json.loads(description)
-        left = [s for s in words if s in drawn and figure_text.translate(s, table) != s]
-        assert not left, f"{path}: figure {number} still draws {left} in English"
-        assert any(CJK.search(s) for s in drawn), f"{path}: figure {number}: no Chinese {drawn}"
-        labels.append(drawn)
-    if stem == "01_2_cat_eats_fish":
-        assert {"猫", "吃", "鱼"} <= set(labels[0]), f"{path}: figure 1 draws {labels[0]}"
+    return f"zh-{stem}" if path.startswith("zh/") else stem
 
 
-def zh_counterpart(path: str) -> str:
-    """The English page that a Chinese page's language switch opens."""
-    english = [f"{read_yaml(REPO / '_toc.yml')['root']}.html"] + [f"{c}.html" for c in CHAPTERS]
-    return path if path in english else english[0]
+@pytest.mark.parametrize("path", ALL_PAGES)
+def test_page_on_a_phone(open_phone_page, path):
+    """One load of each page of both editions at phone width: typeset math, images loaded, no
+    sideways scrolling, wide content scrolling in its own box, code that wraps, figures in
+    proportion, sharp and readable, solutions folded until tapped, Chinese glyphs, axe in light
+    and in dark mode, the navigation drawers from the landing pages, and no script error."""
+    page, problems = open_phone_page(path)
+    chinese = path.startswith("zh/")
+    check_math(page, path)
+    check_images_load(page, path)
+    if chinese:
+        with step("chinese glyphs"):
+            check_chinese_glyphs(page, path)
+            check_chinese_hints(page, path)
+    if path in LANDING:
+        check_start_here(page, path)
+    check_no_sideways_scroll(page, path)
+    check_wide_content(page, path)
+    with step("figures and solutions"):
+        check_phone_figures(page, path)
+        check_phone_solutions(page, path)
+        check_figure_text(page, path)
+    # No code block scrolls sideways on a phone (code wraps), open solutions included.
+    check_code_fits(page, path, ALL_CODE, "on a phone")
+    check_axe(page, path, "on a phone")
+    screenshot(page, f"phone-{shot_name(path)}" if not chinese else shot_name(path))
+    check_dark_mode(page, path, shot_name(path))
+    if path in LANDING:  # on the same page load: the drawers
+        with step("navigation"):
+            check_phone_navigation(page, "zh/" if chinese else "")
+    assert_no_errors(path, problems)
 
 
-def switch_target(page, site: str) -> str:
-    switch = page.locator("a.language-switch")
-    assert switch.count() == 1, f"{switch.count()} language switches on {page.url}"
-    href = switch.get_attribute("href")
-    return urljoin(page.url, href).removeprefix(site)
+@pytest.mark.parametrize("path", DESKTOP_SAMPLE)
+def test_page_at_desktop(open_page, path):
+    """A page of each template at desktop width: typeset math, wide content, code cells that fit
+    the column (and the widest lines of every chapter's code fit a code cell), solutions that
+    open, the Chinese interface, axe in light and dark mode, and no script error."""
+    chinese = path.startswith("zh/")
+    forward = FORWARDS.get(path)
+    page, problems = open_page(path, redirects_to=forward)
+    shown_path = forward or path
+    check_math(page, shown_path)
+    check_images_load(page, shown_path)
+    check_wide_content(page, shown_path)
+    # Code cells fit the text column: chapter code is written to fit it.
+    check_code_fits(page, shown_path, CODE_CELLS, "at desktop width")
+    if shown_path == SECTION:  # the widest lines of all the chapters' code cells, shown here
+        wide = page.evaluate(CODE_LINES_FIT_JS, widest_code_lines())
+        assert wide == [], f"code lines wider than a code cell at desktop width: {wide}"
+    if chinese:
+        check_chinese_interface(page, shown_path)
+    screenshot(page, f"desktop-{shot_name(shown_path)}")
+    solutions = page.locator("article div.solution")
+    for i in range(solutions.count()):
+        solution = solutions.nth(i)
+        body = solution.locator("section, .cell").first
+        assert not body.is_visible(), f"{path}: solution {i + 1} is shown before it is opened"
+        # The chevron button; the title itself also holds a link to the exercise.
+        solution.locator("button.toggle-button").first.click()
+        body.wait_for(state="visible", timeout=5000)
+        if i == 0:
+            solution.scroll_into_view_if_needed()
+            page.screenshot(path=SCREENSHOTS / f"desktop-{shot_name(shown_path)}-solution.png")
+    check_axe(page, shown_path, "at desktop width")
+    check_dark_mode(page, shown_path, f"desktop-{shot_name(shown_path)}")  # solutions open
+    assert_no_errors(path, problems)
 
 
-@pytest.mark.parametrize("path", ZH_PAGES)
-def test_chinese_page(open_page, site, path):
-    """A page of the Chinese edition: Chinese glyphs, typeset math, the English notebook's
-    exercises with folded solutions, Colab opening the Chinese notebook, the language switch."""
-    assert (HTML / "zh" / path).exists(), f"zh/{path} is not in the built book (make book)"
-    page, problems = open_page(f"zh/{path}")
-    assert page.evaluate("() => document.documentElement.lang") == "zh-CN"
-    h1 = page.locator("article h1").first.inner_text()
-    stem = Path(path).stem
-    untranslated = page.locator("article .admonition.note", has_text="本章尚未译成中文").count()
-    assert untranslated or CJK.search(h1), f"zh/{path}: the title {h1!r} is not Chinese"
-    check_chinese_glyphs(page, f"zh/{path}")
-    if stem != "glossary":
-        check_math(page, f"zh/{path}", problems)
-    if f"chapters/{stem}" in NOTEBOOK_CHAPTERS:
-        facts = notebook_facts(stem)
-        assert page.locator("article div.exercise").count() == facts["exercises"]
-        solutions = page.locator("article div.solution")
-        assert solutions.count() == facts["solutions"], f"zh/{path}: solutions missing"
-        for i in range(solutions.count()):
-            body = solutions.nth(i).locator("section, .cell").first
-            assert not body.is_visible(), f"zh/{path}: solution {i + 1} is not folded"
-        hrefs = set(
-            page.eval_on_selector_all(
-                'a[href^="https://colab.research.google.com/"]', "els => els.map(e => e.href)"
-            )
-        )
-        expected = colab_url(stem).replace("/chapters/", "/zh/chapters/")
-        assert hrefs == {expected}, f"zh/{path}: Colab links {hrefs}, expected {expected}"
-        if not untranslated:
-            check_chinese_figures(page, f"zh/{path}")
-    assert switch_target(page, site) == zh_counterpart(path)
-    assert not problems["page_errors"], f"zh/{path}: JavaScript errors: {problems['page_errors']}"
-    violations = axe_violations(page)
-    assert not violations, f"zh/{path}: accessibility violations (axe-core):\n" + "\n".join(
-        violations
-    )
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=SCREENSHOTS / f"zh-{stem}.png")
-
-
-@pytest.mark.parametrize("path", ZH_PAGES)
-def test_chinese_page_on_a_phone(open_phone_page, path):
-    """Chinese lines break anywhere, but code and math inside them must not widen the page; the
-    figures' Chinese labels are as large as check_figure_text asks."""
-    page, problems = open_phone_page(f"zh/{path}")
-    if path == ZH_PAGES[0]:
-        check_start_here(page, f"zh/{path}")
-    else:  # the Chinese drawings' labels are as readable as the English ones
-        check_phone_solutions(page, f"zh/{path}")
-        check_figure_text(page, f"zh/{path}")
-    overflow = page.evaluate(PAGE_OVERFLOW_JS)
-    assert overflow["scrollWidth"] <= overflow["width"] and not overflow["culprits"], (
-        f"zh/{path}: the page scrolls sideways at {PHONE['width']} px; what sticks out:\n"
-        + "\n".join(overflow["culprits"][:10])
-    )
-    check_wide_content(page, f"zh/{path}")
-
-
-# Search: each term, on each edition, must list the page that teaches it. Chinese queries are cut
-# with the index's own vocabulary (jieba's words, one-character words kept: tools/sphinx_zh.py).
-SEARCHES = {
-    "zh": {
-        "位置编码": "08_1_rope",
-        "滑动窗口": "05_4_skipping_masked_tiles",
-        "因果掩码": "04_1_masks_as_permissions",
-        "头维度": "06_2_flash_kernel",
-        "键": "01_1_soft_lookup",
-        "值": "01_1_soft_lookup",
-        "头": "03_1_one_head_to_many",
-        "掩码": "04_masking",
-        "缓存": "05_5_kv_cache",
-        "在线softmax": "05_3_flash_attention",
-        "分块": "05_3_flash_attention",
-        "反向传播": "07_1_gradients",
-        "填充": "04_1_masks_as_permissions",
-    },
-    "en": {
-        "positional encoding": "01_3_order_and_heads",
-        "sliding window": "05_4_skipping_masked_tiles",
-        "causal mask": "04_1_masks_as_permissions",
-        "head dimension": "02_2_why_scale",
-        "key": "01_1_soft_lookup",
-        "value": "01_1_soft_lookup",
-        "head": "03_1_one_head_to_many",
-        "mask": "04_masking",
-        "cache": "05_5_kv_cache",
-        "online softmax": "05_3_flash_attention",
-        "tile": "05_3_flash_attention",
-        "backward": "07_1_gradients",
-    },
-}
 # Page chrome that must not open a result's snippet (the article header's buttons and contents).
 CHROME = re.compile(r"\.ipynb|\.pdf|\bContents\b|目录|Suggest edit|Launch")
 
 
-@pytest.mark.parametrize("edition", sorted(SEARCHES))
-def test_search_finds_the_page_of_each_term(open_page, edition):
-    """The search page lists the page that teaches each term, with a snippet of article text."""
+@pytest.mark.parametrize("edition", sorted(SEARCH_SAMPLE))
+def test_search_typed_into_a_page(open_page, edition):
+    """A reader types a term into the search field (first on the landing page, then on the
+    results page): the results list the page that teaches it, each with a snippet of article
+    text, not of the page's buttons."""
     prefix = "zh/" if edition == "zh" else ""
+    page, problems = open_page(f"{prefix}{ROOT}")
     missed, chrome = [], []
-    for term, stem in SEARCHES[edition].items():
-        page, problems = open_page(f"{prefix}search.html?q={quote(term)}")
-        # Sphinx appends the results one by one, then says how many it found.
-        page.wait_for_function(
-            "() => { const p = document.querySelector('#search-results p.search-summary');"
-            " return p && p.textContent.trim(); }",
-            timeout=30_000,
-        )
-        # Each result's snippet is fetched from its page after the result is listed.
-        page.wait_for_function(
-            "() => [...document.querySelectorAll('#search-results ul.search li')].slice(0, 5)"
-            ".every(li => li.querySelector('p.context'))",
-            timeout=30_000,
-        )
+    for term in SEARCH_SAMPLE[edition]:
+        stem = SEARCHES[edition][term]
+        with step("search"):
+            if "search.html" not in page.url:
+                page.keyboard.press("Control+k")  # the theme's search dialog
+            field = page.locator('form input[name="q"]:visible').first
+            field.fill(term)
+            with page.expect_navigation(wait_until="load"):
+                field.press("Enter")
+            query = parse_qs(urlparse(page.url).query).get("q")
+            assert urlparse(page.url).path.endswith("search.html") and query == [term], (
+                f"typing {term!r} into the search field opened {page.url}"
+            )
+            # Sphinx appends the results one by one, then says how many it found.
+            page.wait_for_function(
+                "() => { const p = document.querySelector('#search-results p.search-summary');"
+                " return p && p.textContent.trim(); }",
+                timeout=30_000,
+            )
+            # Each result's snippet is fetched from its page after the result is listed.
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('#search-results ul.search li')].slice(0, 5)"
+                ".every(li => li.querySelector('p.context'))",
+                timeout=30_000,
+            )
         results = page.eval_on_selector_all(
             "#search-results ul.search li",
             "els => els.map(e => [e.querySelector('a').href, "
@@ -965,51 +895,6 @@ def test_search_finds_the_page_of_each_term(open_page, edition):
         chrome += [
             f"{term!r}: {text[:80]!r}" for _, text in results[:5] if CHROME.search(text[:80])
         ]
-        assert not problems["page_errors"], f"{term!r}: JavaScript errors {problems['page_errors']}"
-        page.close()
     assert not missed, f"{edition} search:\n" + "\n".join(missed)
     assert not chrome, f"{edition} search snippets begin with page chrome:\n" + "\n".join(chrome)
-
-
-# English interface strings that a Chinese page must not show (tools/sphinx_zh.py, translate.py).
-ENGLISH_CHROME = (
-    "Show code cell source",
-    "Click to show",
-    "Suggest edit",
-    "Print to PDF",
-    "列印成 PDF",
-    "Color mode",
-    "Wide table",
-    "Toggle hidden content",
-    "Toggle primary sidebar",
-    "The multi-head attention course authors",
-)
-
-
-def test_chinese_interface_and_checker_output(open_page, open_phone_page):
-    """A Chinese page speaks zh_CN around the article too, its checker lines are Chinese, and
-    "Suggest edit" opens the translation file, not the generated notebook."""
-    stem = "01_2_cat_eats_fish"
-    page, problems = open_page(f"zh/chapters/{stem}.html")
-    article = page.locator("article").first.text_content()
-    assert "✓ check_seed_head_fix：正确——" in article, "the checker line is not Chinese"
-    assert ": correct — " not in article, "an English checker line on a Chinese page"
-    shown = page.evaluate(
-        """() => [document.body.innerText,
-                  ...[...document.querySelectorAll('*')]
-                     .map(e => ['title', 'aria-label', 'data-bs-title', 'data-bs-original-title']
-                                .map(a => e.getAttribute(a) || '').join(' ')),
-                  toggleHintShow, toggleHintHide].join('\\n')"""
-    )
-    english = [s for s in ENGLISH_CHROME if s in shown]
-    assert not english, f"zh/chapters/{stem}: English interface strings {english}"
-    assert "打印为 PDF" in shown and "点击显示" in shown
-    edit = page.eval_on_selector_all(
-        'a[href*="/edit/"]', "els => els.map(e => e.getAttribute('href'))"
-    )
-    assert edit and all(h.endswith(f"/i18n/zh/{stem}.yml") for h in edit), edit
-    assert not problems["page_errors"], problems["page_errors"]
-    # On a phone, a wide table's hint is Chinese.
-    phone, _ = open_phone_page("zh/chapters/index.html")
-    hints = phone.eval_on_selector_all(".book-scroll-hint", "els => els.map(e => e.textContent)")
-    assert all(CJK.search(h) for h in hints), hints
+    assert_no_errors(f"{prefix}search.html", problems)

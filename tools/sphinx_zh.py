@@ -8,6 +8,9 @@ index), and the browser splits a query only at spaces and punctuation: 位置编
 word, while the index holds 位置 and 编码. This extension fixes both ends:
 
 * the index keeps one-character Chinese words, except a few particles (的, 了, …);
+* jieba knows the glossary's Chinese terms (i18n/zh/glossary.yml) as words, so that a term is
+  indexed whole wherever it stands (alone in the glossary's table, jieba cut 后端 into 后 端,
+  while it kept 后端 in the sections' sentences: the query 后端 missed the glossary);
 * the query is cut into the longest words the index knows, left to right (forward maximum
   matching with the index's own vocabulary, which jieba made): 位置编码 -> 位置 编码,
   头维度 -> 头 维度. A Chinese character that the index lacks (a particle) is left out, as a
@@ -29,11 +32,14 @@ import re
 from gettext import GNUTranslations, NullTranslations
 from pathlib import Path
 
+import jieba
+import yaml
 from sphinx import locale
 from sphinx.search import languages
 from sphinx.search.zh import SearchChinese
 
 HAN = re.compile(r"^[\u3400-\u4dbf\u4e00-\u9fff]$")
+HAN_WORD = re.compile(r"^[\u3400-\u4dbf\u4e00-\u9fff]+$")
 # One-character words that carry no meaning of their own in a query.
 PARTICLES = frozenset("的了和与及或是在也就都而把被这那个之其着过吗呢吧啊")
 
@@ -69,10 +75,21 @@ class SearchChineseWords(SearchChinese):
 
     js_splitter_code = SPLITTER
 
+    def init(self, options: dict[str, str]) -> None:
+        super().init(options)
+        for word in glossary_words():
+            jieba.add_word(word)
+
     def word_filter(self, stemmed_word: str) -> bool:
         if HAN.match(stemmed_word):
             return stemmed_word not in PARTICLES
         return super().word_filter(stemmed_word)
+
+
+def glossary_words() -> list[str]:
+    """The glossary's Chinese terms written in Chinese characters only (i18n/zh/glossary.yml)."""
+    terms = yaml.safe_load((I18N / "glossary.yml").read_text(encoding="utf-8"))["terms"]
+    return [t["zh"] for t in terms if HAN_WORD.match(t["zh"])]
 
 
 # msgid -> simplified Chinese (zh_CN), for every message catalogue (Sphinx, the themes).
