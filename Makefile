@@ -65,10 +65,20 @@ mathjax:
 		echo "npm not found: the browser test needs a local MathJax (npm ci) and will be skipped"; \
 	fi
 
-# --all rebuilds every page, so that -W sees the warnings of unchanged pages too.
+# --all rebuilds every page, so that -W sees the warnings of unchanged pages too. The two books
+# are built side by side (each Sphinx build keeps one core busy), each into a log of its own that
+# is printed whole when both have ended; either failing fails the target.
 book: $(STAMP)
-	$(JB_BUILD)
-	$(JB_BUILD_ZH)
+	@mkdir -p _build/logs
+	@echo "building the English and the Chinese book side by side"
+	@$(JB_BUILD) > _build/logs/book-en.log 2>&1 & en=$$!; \
+	$(JB_BUILD_ZH) > _build/logs/book-zh.log 2>&1; zh=$$?; \
+	wait $$en; en=$$?; \
+	echo "== English book (_build/logs/book-en.log)"; cat _build/logs/book-en.log; \
+	echo "== Chinese book (_build/logs/book-zh.log)"; cat _build/logs/book-zh.log; \
+	if [ $$en -ne 0 ] || [ $$zh -ne 0 ]; then \
+		echo "make book FAILED: the English build exited $$en, the Chinese build $$zh"; exit 1; \
+	fi
 	rm -rf _build/html/zh
 	cp -r _build/zh/_build/html _build/html/zh
 	@echo "The book is in _build/html/index.html (中文版: _build/html/zh/index.html)"

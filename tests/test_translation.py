@@ -483,3 +483,26 @@ def test_a_code_comment_translation_changes_comments_only(tmp_path):
     assert translate.with_comments(cell.source, {"one": "一"}) == "x = 1  # 一\n# add\ny = x + 1\n"
     assert any("stale" in p for p in problems({"two": "二"}))
     assert any("changes code" in p for p in problems({"add\ny = x + 1": "加一\ny = x + 2"}))
+
+
+def test_chinese_search_makes_the_words_sphinx_makes_without_its_quadratic_list():
+    """tools/sphinx_zh.py keeps the Latin words it has seen in a set (Sphinx 7.4: a list that every
+    stemmed word is looked up in); the words it indexes are Sphinx's own. "ids" stems to "id" unless
+    it was seen as a word of the text (then it is kept whole); a fresh index has seen nothing."""
+    import sphinx_zh
+    from sphinx.search.zh import SearchChinese
+
+    text = "缓存 KV ids were cached 注意力 heads"
+    ours, sphinx = sphinx_zh.SearchChineseWords({}), SearchChinese({})
+    assert sphinx_zh.SearchChineseWords({}).stem("ids") == "id"
+    assert ours.split(text) == sphinx.split(text)
+    assert [ours.stem(w) for w in ("ids", "heads", "cached", "GQA")] == [
+        "ids",
+        "head",
+        "cach",
+        "gqa",
+    ]
+    assert [ours.stem(w) for w in ("ids", "heads", "cached")] == [
+        sphinx.stem(w) for w in ("ids", "heads", "cached")
+    ]
+    assert isinstance(ours.latin_terms, set)

@@ -29,6 +29,7 @@ import re
 from gettext import GNUTranslations, NullTranslations
 from pathlib import Path
 
+import jieba
 from sphinx import locale
 from sphinx.search import languages
 from sphinx.search.zh import SearchChinese
@@ -68,6 +69,19 @@ class SearchChineseWords(SearchChinese):
     """Sphinx's Chinese search, keeping one-character Chinese words and splitting the query."""
 
     js_splitter_code = SPLITTER
+
+    def init(self, options: dict[str, str]) -> None:
+        super().init(options)
+        # Sphinx 7.4 keeps every Latin word it has seen in a class-level list and looks each word
+        # up in it when stemming: quadratic in the book's length (the Chinese book took 5x the
+        # English one to write). A set of this index's own words answers the same question.
+        self.latin_terms: set[str] = set()  # type: ignore[assignment]
+
+    def split(self, input: str) -> list[str]:
+        chinese = list(jieba.cut_for_search(input))
+        latin = [term.strip() for term in self.latin1_letters.findall(input)]
+        self.latin_terms.update(latin)
+        return chinese + latin
 
     def word_filter(self, stemmed_word: str) -> bool:
         if HAN.match(stemmed_word):
