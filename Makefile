@@ -4,7 +4,7 @@
 #   make translate  regenerate the Chinese edition (zh/) from the English chapters and i18n/zh/
 #   make test     set up everything and run every test, stage by stage, each stage's time printed:
 #                 lint, unit, notebooks, book, browser
-#   make lint     ruff format --check, ruff check and mypy over the package, tests and tools
+#   make lint     ruff format --check and ruff check over mha, tests and tools; mypy over mha and tools
 #   make test-unit      the unit tests and the notebook guards (no chapter is executed)
 #   make test-notebooks every notebook executed once, as Colab's "Run all" does, its outputs
 #                 compared with the stored ones as nbval would (make test-colab: the same)

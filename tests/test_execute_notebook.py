@@ -241,7 +241,7 @@ def test_make_execute_records_the_smallest_text_of_each_figure(tmp_path, monkeyp
     import base64
     from io import BytesIO
 
-    import translate
+    import translation_files
     from PIL import Image
 
     i18n = tmp_path / "i18n"
@@ -249,7 +249,7 @@ def test_make_execute_records_the_smallest_text_of_each_figure(tmp_path, monkeyp
     (i18n / "figures.yml").write_text(
         'cells: {}\nfigures:\n  "a line": "一条线"\n  "big": "大"\n', encoding="utf-8"
     )
-    monkeypatch.setattr(translate, "I18N", i18n)
+    monkeypatch.setattr(translation_files, "I18N", i18n)
     draw = (
         "import matplotlib.pyplot as plt\n"
         "fig, ax = plt.subplots(figsize=(4.0, 3.0), layout='constrained')\n"

@@ -45,7 +45,7 @@ from fold_solutions import fold
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from nbformat.v4 import output_from_msg
-from translate import load_figure_labels
+from translation_files import load_figure_labels
 
 # tags: myst-nb and nbclient read them, the notebook test too; cellView (Colab) and
 # jupyter.source_hidden (JupyterLab) fold the solutions.
@@ -243,9 +243,9 @@ def _coalesced(outputs: Sequence[nbformat.NotebookNode]) -> list[dict[str, Any]]
                 continue
             streams[out["name"]] = out
         merged.append(out)
-    for out in streams.values():
+    for stream in streams.values():
         # nbval 0.11 also means to apply backspaces, but its loop never runs: \b stays as is.
-        out["text"] = _CARRIAGE_RETURN.sub("", out["text"])
+        stream["text"] = _CARRIAGE_RETURN.sub("", stream["text"])
     return merged
 
 

@@ -17,7 +17,7 @@ word, while the index holds 位置 and 编码. This extension fixes both ends:
 "Color mode", "Link to this heading" ...) and translate "Print to PDF" the Taiwan way (列印成 PDF);
 INTERFACE puts zh_CN wording in front of every catalogue. (The strings set by configuration, such
 as sphinx-togglebutton's "Click to show" and myst-nb's "Show code cell source", are in
-tools/translate.py's chinese_config; the wide-table hint is in _static/book.js.)
+tools/translation_book.py's chinese_config; the wide-table hint is in _static/book.js.)
 
 **Edit links.** A Chinese page is generated: "Suggest edit" opens its translation file,
 `i18n/zh/<stem>.yml` (the glossary page: `i18n/zh/glossary.yml`), not the generated notebook.
@@ -124,6 +124,7 @@ def zh_cn_interface(app) -> None:
     """Put INTERFACE in front of every message catalogue loaded so far."""
     for translator in locale.translators.values():
         if isinstance(translator, GNUTranslations):
+            # _catalog: the catalogue's own dict of messages, private, so typeshed leaves it out
             translator._catalog.update(INTERFACE)  # type: ignore[attr-defined]
         else:  # no catalogue of this language: English, unless INTERFACE has it
             translator.add_fallback(_Interface())
