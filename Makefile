@@ -111,10 +111,12 @@ lint: $(STAMP)
 test-unit: $(STAMP)
 	$(BIN)/pytest -m "not browser" --ignore=$(NOTEBOOK_TEST) tests
 
-# Each chapter executed once, as Colab's "Run all" does it: a fresh kernel per chapter that imports
-# a fake google.colab, so the setup cell %pip-installs mha from a git repository (a commit of this
-# working tree), no cell tags honoured, stopping at the first error; every cell's outputs compared
-# with the stored ones (nbval's rules, tests/sanitize.cfg). Offline; never touches .venv.
+# Each chapter executed once, as Colab's "Run all" does it: a fresh kernel per chapter (started while
+# the chapter before runs) that imports a fake google.colab, so the setup cell %pip-installs mha from
+# a git repository (a commit of this working tree; installed once before the first chapter, which
+# every %pip finds satisfied), no cell tags honoured, stopping at the first error; every cell's
+# outputs compared with the stored ones (nbval's rules, tests/sanitize.cfg). Opening pages whose
+# only code is the setup cell are checked without running. Offline; never touches .venv.
 test-notebooks: $(STAMP)
 	$(BIN)/pytest -v -p no:cacheprovider --durations=0 $(NOTEBOOK_TEST)
 
