@@ -524,16 +524,17 @@ def chinese_figure_problems(tree: LexborHTMLParser, file: Path, stem: str) -> li
 
     sys.path.insert(0, str(REPO / "tools"))
     import figure_text
-    import translate
+    import translation_figures
+    import translation_files
 
-    table = translate.load_figure_labels(stem) or {}
+    table = translation_files.load_figure_labels(stem) or {}
     english = notebook_facts(stem)["text"]
     shown = figures(tree)
     if len(shown) != len(english):
         return [f"{len(shown)} figures, {len(english)} in the English notebook"]
     problems, labels = [], []
     for number, (img, text) in enumerate(zip(shown, english, strict=True), 1):
-        words = translate.figure_words(text)
+        words = translation_figures.figure_words(text)
         if not words:
             labels.append([])
             continue
