@@ -4,7 +4,7 @@
 #   make translate  regenerate the Chinese edition (zh/) from the English chapters and i18n/zh/
 #   make test     set up everything and run every test, stage by stage, each stage's time printed:
 #                 lint, unit, notebooks, book, browser
-#   make lint     ruff format --check, ruff check and mypy over the package, tests and tools
+#   make lint     ruff format --check and ruff check over mha, tests and tools; mypy over mha and tools
 #   make test-unit      the unit tests and the notebook guards (no chapter is executed)
 #   make test-notebooks every notebook executed once, as Colab's "Run all" does, its outputs
 #                 compared with the stored ones as nbval would (make test-colab: the same)
@@ -66,10 +66,20 @@ mathjax:
 		echo "npm not found: the browser test needs a local MathJax (npm ci) and will be skipped"; \
 	fi
 
-# --all rebuilds every page, so that -W sees the warnings of unchanged pages too.
+# --all rebuilds every page, so that -W sees the warnings of unchanged pages too. The two books
+# are built side by side (each Sphinx build keeps one core busy), each into a log of its own that
+# is printed whole when both have ended; either failing fails the target.
 book: $(STAMP)
-	$(JB_BUILD)
-	$(JB_BUILD_ZH)
+	@mkdir -p _build/logs
+	@echo "building the English and the Chinese book side by side"
+	@$(JB_BUILD) > _build/logs/book-en.log 2>&1 & en=$$!; \
+	$(JB_BUILD_ZH) > _build/logs/book-zh.log 2>&1; zh=$$?; \
+	wait $$en; en=$$?; \
+	echo "== English book (_build/logs/book-en.log)"; cat _build/logs/book-en.log; \
+	echo "== Chinese book (_build/logs/book-zh.log)"; cat _build/logs/book-zh.log; \
+	if [ $$en -ne 0 ] || [ $$zh -ne 0 ]; then \
+		echo "make book FAILED: the English build exited $$en, the Chinese build $$zh"; exit 1; \
+	fi
 	rm -rf _build/html/zh
 	cp -r _build/zh/_build/html _build/html/zh
 	@echo "The book is in _build/html/index.html (中文版: _build/html/zh/index.html)"
@@ -109,10 +119,12 @@ test-unit: $(STAMP)
 	$(BIN)/pytest -n auto --dist loadfile -m "not browser and not serial" --ignore=$(NOTEBOOK_TEST) tests
 	$(BIN)/pytest -m "serial and not browser" --ignore=$(NOTEBOOK_TEST) tests
 
-# Each chapter executed once, as Colab's "Run all" does it: a fresh kernel per chapter that imports
-# a fake google.colab, so the setup cell %pip-installs mha from a git repository (a commit of this
-# working tree), no cell tags honoured, stopping at the first error; every cell's outputs compared
-# with the stored ones (nbval's rules, tests/sanitize.cfg). Offline; never touches .venv.
+# Each chapter executed once, as Colab's "Run all" does it: a fresh kernel per chapter (started while
+# the chapter before runs) that imports a fake google.colab, so the setup cell %pip-installs mha from
+# a git repository (a commit of this working tree; installed once before the first chapter, which
+# every %pip finds satisfied), no cell tags honoured, stopping at the first error; every cell's
+# outputs compared with the stored ones (nbval's rules, tests/sanitize.cfg). Opening pages whose
+# only code is the setup cell are checked without running. Offline; never touches .venv.
 test-notebooks: $(STAMP)
 	$(BIN)/pytest -v -p no:cacheprovider --durations=0 $(NOTEBOOK_TEST)
 

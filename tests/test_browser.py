@@ -41,7 +41,8 @@ from conftest import REPO, read_yaml, skip_or_fail, toc_chapter_files, toc_chapt
 
 sys.path.insert(0, str(REPO / "tools"))
 import figure_text  # noqa: E402 (tools/ is not a package: it joins the path first)
-import translate  # noqa: E402
+import translation_figures  # noqa: E402
+import translation_files  # noqa: E402
 
 pytestmark = pytest.mark.browser
 
@@ -801,7 +802,7 @@ def check_chinese_figures(page, path: str) -> None:
     from PIL import Image
 
     stem = Path(path).stem
-    table = translate.load_figure_labels(stem) or {}
+    table = translation_files.load_figure_labels(stem) or {}
     english = notebook_facts(stem)["text"]
     shown = page.evaluate(FIGURES_JS)
     assert len(shown) == len(english), (
@@ -809,7 +810,7 @@ def check_chinese_figures(page, path: str) -> None:
     )
     labels = []
     for number, (fig, text) in enumerate(zip(shown, english, strict=True), 1):
-        words = translate.figure_words(text)
+        words = translation_figures.figure_words(text)
         if not words:
             labels.append([])
             continue

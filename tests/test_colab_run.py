@@ -1,7 +1,11 @@
 """Every chapter, executed once: as Colab's "Run all" runs it, compared with its stored outputs.
 
 This is `make test-notebooks` (part of `make test`): the one test that executes the chapters. Each
-chapter runs once, under Colab's conditions, and that one run is checked two ways.
+chapter runs once, under Colab's conditions, and that one run is checked two ways. An opening page
+whose only code is the setup cell is not executed: every executed notebook runs that same cell, and
+its output is never compared (`nbval-ignore-output`); a guard checks such a page statically (its one
+code cell is tools/setup_cell.txt, with the setup output every executed chapter stores). An opening
+page with any other code cell is executed like a section.
 
 Colab's conditions. Colab honours no cell tags: it runs the exercise stubs (which the book skips),
 and it stops at the first error, deliberate or not. It also has no checkout: the setup cell's Colab
@@ -11,20 +15,30 @@ of the course. This test reproduces all of it, offline:
 * GitHub stand-in: a git repository whose one commit is this *working tree* (tracked files and
   untracked ones that git does not ignore), so uncommitted changes are tested too. The setup cell's
   URL is pointed at that commit; nothing else of the notebook changes, except that its tags are
-  removed. As the URL names a commit, pip caches the wheel it builds: the first chapter clones and
-  builds mha, the others install the same wheel (about 2.5 s less per chapter).
+  removed.
 * Colab stand-in: a fresh virtual environment on the Python running this test. It sees the test's
   packages (torch, numpy, matplotlib, ipykernel ...) as "preinstalled" through a `.pth` file, minus
   mha, and imports a fake `google.colab` module at kernel start, so the setup cell takes its Colab
   branch. `%pip` installs into it (never into the test's own environment), with no index: offline.
   The kernel's environment has none of the course's variables (`TRITON_INTERPRET`, `MHA_*`): a
   Colab runtime has none.
+* mha is installed in the stand-in once, before the first notebook, by the setup cell's own
+  `pip install` command (pip clones the commit and builds mha). Each notebook's setup cell still runs
+  its `%pip install`, which finds mha installed from that URL and commit and installs nothing (the
+  wheel pip cached gives it mha's metadata without a clone); the test checks that the installed copy
+  is left as it was. As nothing is installed, the kernels' pip skips its check for conflicts among
+  the installed packages (it would read every package's metadata, about 1.5 s of CPU, to check
+  nothing: it checks only the packages an install changes).
+* Kernels started one ahead (execute_notebook.WarmKernels): the next notebook's kernel boots while
+  the current notebook runs. Each notebook still gets a fresh kernel of its own, shut down after it.
 
 The checks, all reported together for a chapter:
 
 * Colab: every code cell runs in order and none raises (else: the chapter, the cell's position and
-  the error); mha came from the copy `%pip` installed and the kernel had `google.colab`; every
-  unattempted exercise stub printed "not attempted yet", once per checker call.
+  the error); the kernel had `google.colab`, the setup cell ran its `%pip install` (IPython's note
+  after it) and pip exited with 0; mha came from the copy installed from the commit's URL, which
+  no `%pip` changed; every unattempted exercise stub printed "not attempted yet", once per checker
+  call.
 * nbval's (what `pytest --nbval` checked before): every cell stored as executed shows the outputs
   stored in the notebook, after the sanitize rules of tests/sanitize.cfg (measured numbers printed
   as `~12.3` and object addresses are masked), except in cells tagged `nbval-ignore-output` (the
@@ -43,6 +57,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -65,6 +80,9 @@ ZH_CHAPTERS = [REPO / "zh" / "chapters" / f"{stem}.ipynb" for stem in ("01_2_cat
 SETUP_CELL = REPO / "tools" / "setup_cell.txt"
 SANITIZE = REPO / "tests" / "sanitize.cfg"
 GIT_URL_RE = re.compile(r"git\+https://[^\s\"']+")
+PIP_LINE_RE = re.compile(r"^\s*%pip (install .*)$", re.MULTILINE)
+# What IPython's %pip prints after pip has run: the sign that the setup cell's Colab branch ran.
+PIP_NOTE = "Note: you may need to restart the kernel to use updated packages."
 CHECKER_CALL_RE = re.compile(r"\bmha\.exercises\.check_\w+\s*\(")
 NOT_ATTEMPTED = "not attempted yet"
 NOT_ATTEMPTED_ZH = "尚未作答"  # the same line in a Chinese notebook (mha.exercises.set_language)
@@ -76,10 +94,29 @@ FAKE_COLAB = (
     '"""Stand-in for Colab\'s google.colab (tests/test_colab_run.py): its presence is all."""\n'
 )
 
-# The last cell appended to every chapter: where mha came from, and that the kernel was "Colab".
-PROBE = """import json, sys
+# The last cell appended to every chapter: where mha came from (the file, and the URL and commit
+# pip recorded when it installed it), that the kernel was "Colab", and the exit status of the last
+# shell command, the setup cell's %pip (no chapter runs another).
+PROBE = """import importlib.metadata, json, sys
 import mha
-print("COLAB-PROBE " + json.dumps({"mha": mha.__file__, "colab": "google.colab" in sys.modules}))"""
+print("COLAB-PROBE " + json.dumps({
+    "mha": mha.__file__,
+    "installed_from": importlib.metadata.distribution("mha").read_text("direct_url.json"),
+    "colab": "google.colab" in sys.modules,
+    "pip_exit_code": globals().get("_exit_code"),
+}))"""
+
+# pip's settings in the stand-in, for the one install of mha and in the kernels: offline (no
+# index; mha's dependencies are "preinstalled"), building mha with the preinstalled setuptools
+# instead of fetching one (pip reads "0" as --no-build-isolation), and a cache of this run's own:
+# the URL names a commit, so pip caches the wheel it builds, which gives a notebook's %pip mha's
+# metadata without cloning the repository again.
+PIP_ENV = {"PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+# In the kernels mha is already installed: %pip installs nothing, and the check for conflicts
+# that pip runs after an install would read every installed package's metadata to check none
+# (it checks only the packages an install changes). "0" reads as --no-warn-conflicts; the test
+# checks that no notebook's %pip changed the installed mha.
+KERNEL_PIP_ENV = {**PIP_ENV, "PIP_NO_WARN_CONFLICTS": "0"}
 
 
 @dataclass
@@ -90,6 +127,8 @@ class ColabStandIn:
     purelib: Path  # where %pip installs mha
     kernel_dirs: Path  # holds the kernelspec "colab-standin"
     content: Path  # the kernel's working directory, like Colab's /content
+    pip_env: dict[str, str]  # pip's settings (PIP_ENV and this run's pip cache)
+    installed: tuple[str, int, int] | None = None  # mha's install: installed_mha()
 
 
 def snapshot_working_tree(dest: Path) -> Path:
@@ -146,16 +185,7 @@ def make_standin(root: Path, repository: Path) -> ColabStandIn:
                 ],
                 "display_name": "Colab stand-in",
                 "language": "python",
-                # %pip in the kernel: offline (no index; mha's dependencies are "preinstalled"),
-                # and building mha with the preinstalled setuptools instead of fetching one.
-                # A cache of this run's own: the URL names a commit, so pip clones and builds
-                # mha from git for the first notebook and installs that same wheel afterwards.
-                "env": {
-                    "PIP_NO_INDEX": "1",
-                    "PIP_NO_BUILD_ISOLATION": "0",
-                    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-                    "PIP_CACHE_DIR": str(root / "pip-cache"),
-                },
+                "env": {**KERNEL_PIP_ENV, "PIP_CACHE_DIR": str(root / "pip-cache")},
             },
             indent=1,
         )
@@ -167,78 +197,133 @@ def make_standin(root: Path, repository: Path) -> ColabStandIn:
     )
     assert probe.returncode != 0, "mha is importable in the stand-in before %pip install"
     commit = run(["git", "rev-parse", "HEAD"], repository).strip()
-    return ColabStandIn(repository, commit, python, purelib, kernel_dirs, content)
+    pip_env = {**PIP_ENV, "PIP_CACHE_DIR": str(root / "pip-cache")}
+    return ColabStandIn(repository, commit, python, purelib, kernel_dirs, content, pip_env)
+
+
+def installed_mha(purelib: Path) -> tuple[str, int, int]:
+    """mha's install in the stand-in: its .dist-info folder and its RECORD's inode and mtime,
+    which change whenever pip installs mha again."""
+    found = sorted(purelib.glob("mha-*.dist-info"))
+    assert len(found) == 1, f"expected one mha-*.dist-info in {purelib}, found {found}"
+    record = (found[0] / "RECORD").stat()
+    return found[0].name, record.st_ino, record.st_mtime_ns
+
+
+def install_mha(colab: ColabStandIn) -> None:
+    """Install mha in the stand-in once, as the first notebook's setup cell would: its `%pip
+    install` line (URL pointed at the commit) run as IPython runs it, `python -m pip install ...`,
+    in the kernel's working directory and environment."""
+    setup = colab_setup_source(SETUP_CELL.read_text(encoding="utf-8"), colab)
+    (line,) = PIP_LINE_RE.findall(setup)
+    proc = subprocess.run(
+        [str(colab.python), "-m", "pip", *shlex.split(line)],
+        check=False,
+        cwd=colab.content,
+        env={**colab_environment(), **colab.pip_env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, f"pip could not install mha:\n{proc.stdout}\n{proc.stderr}"
+    colab.installed = installed_mha(colab.purelib)
 
 
 @pytest.fixture(scope="module")
 def colab(tmp_path_factory) -> ColabStandIn:
     root = tmp_path_factory.mktemp("colab")
-    return make_standin(root, snapshot_working_tree(root / "repository"))
+    standin = make_standin(root, snapshot_working_tree(root / "repository"))
+    install_mha(standin)
+    return standin
 
 
-def colab_notebook(
-    stored: nbformat.NotebookNode, repository: Path, commit: str
-) -> nbformat.NotebookNode:
+@pytest.fixture(scope="module")
+def kernels(colab):
+    """The stand-in's kernels, each started while the notebook before it runs."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    def new_manager() -> KernelManager:
+        specs = KernelSpecManager(kernel_dirs=[str(colab.kernel_dirs)])
+        return KernelManager(kernel_name="colab-standin", kernel_spec_manager=specs)
+
+    with execute_notebook.WarmKernels(
+        new_manager, cwd=colab.content, env=colab_environment()
+    ) as warm:
+        yield warm
+
+
+def colab_setup_source(source: str, colab: ColabStandIn) -> str:
+    """The setup cell installing from the stand-in's repository instead of GitHub."""
+    urls = GIT_URL_RE.findall(source)
+    assert len(urls) == 1 and "google.colab" in source, (
+        "the second cell is not the setup cell with one `%pip install ... git+https://...`"
+    )
+    # "localhost" keeps pip's URL check happy; git reads it as a local path. Naming the commit
+    # lets pip cache the wheel it builds (it caches wheels of pinned git URLs only).
+    return source.replace(urls[0], f"git+file://localhost{colab.repository}@{colab.commit}")
+
+
+def colab_notebook(stored: nbformat.NotebookNode, colab: ColabStandIn) -> nbformat.NotebookNode:
     """The chapter as Colab runs it: no tags, setup cell installing from the local repository."""
     nb = nbformat.from_dict(json.loads(json.dumps(stored)))  # a deep copy
     for cell in nb.cells:
         cell.metadata.pop("tags", None)
     setup = nb.cells[1]  # the chapter opens with its title, then the setup cell
-    urls = GIT_URL_RE.findall(setup.source)
-    assert len(urls) == 1 and "google.colab" in setup.source, (
-        "the second cell is not the setup cell with one `%pip install ... git+https://...`"
-    )
-    # "localhost" keeps pip's URL check happy; git reads it as a local path. Naming the commit
-    # lets pip cache the wheel it builds (it caches wheels of pinned git URLs only).
-    setup.source = setup.source.replace(urls[0], f"git+file://localhost{repository}@{commit}")
+    setup.source = colab_setup_source(setup.source, colab)
     nb.cells.append(nbformat.v4.new_code_cell(PROBE))
     return nb
 
 
 def colab_environment() -> dict[str, str]:
-    """This process's environment without the course's variables, which no Colab runtime has
-    (tests/conftest.py sets TRITON_INTERPRET for the tests; a chapter must set it itself)."""
-    return {
-        k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET" and not k.startswith("MHA_")
-    }
+    """This process's environment without the course's variables and pytest's, which no Colab
+    runtime has (tests/conftest.py sets TRITON_INTERPRET for the tests; a chapter must set it
+    itself). The same for every notebook: a kernel is started while the test before runs."""
+    course = ("TRITON_INTERPRET", "PYTEST_CURRENT_TEST")
+    return {k: v for k, v in os.environ.items() if k not in course and not k.startswith("MHA_")}
 
 
-def run_as_in_colab(stored: nbformat.NotebookNode, colab: ColabStandIn) -> execute_notebook.Run:
-    """Run all, as in a fresh Colab runtime (mha not installed yet)."""
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
-
-    subprocess.run(
-        [str(colab.python), "-m", "pip", "uninstall", "--yes", "--quiet", "mha"],
-        cwd=colab.content,
-        capture_output=True,
-        check=False,
-    )
-    km = KernelManager(
-        kernel_name="colab-standin",
-        kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(colab.kernel_dirs)]),
-    )
+def run_as_in_colab(
+    stored: nbformat.NotebookNode, colab: ColabStandIn, kernels: execute_notebook.WarmKernels
+) -> execute_notebook.Run:
+    """Run all, as in a fresh Colab runtime, on a fresh kernel started ahead."""
     return execute_notebook.run(
-        colab_notebook(stored, colab.repository, colab.commit),
+        colab_notebook(stored, colab),
         cwd=colab.content,
         honour_tags=False,  # the tags are gone anyway
         timeout=CELL_TIMEOUT,
-        km=km,
+        km=kernels.take(),
         env=colab_environment(),
     )
 
 
-def probe_problems(printed: str, purelib: Path) -> list[str]:
-    """What is wrong with the probe cell's report (empty: the kernel was "Colab" and mha came
-    from the copy the setup cell installed)."""
+def probe_problems(printed: str, purelib: Path, commit: str) -> list[str]:
+    """What is wrong with the probe cell's report (empty: the kernel was "Colab", the setup
+    cell's %pip exited with 0, and mha came from the copy installed from the commit's URL)."""
     if "COLAB-PROBE " not in printed:
         return [f"the probe cell printed no report: {printed[-300:]!r}"]
     facts = json.loads(printed.split("COLAB-PROBE ", 1)[1])
     problems = []
     if not facts["colab"]:
         problems.append("the kernel had no google.colab: the setup cell took its local branch")
+    if facts["pip_exit_code"] != 0:  # the last shell command: in a chapter, the setup cell's
+        problems.append(f"%pip exited with {facts['pip_exit_code']}")
     if not Path(facts["mha"]).is_relative_to(purelib):
         problems.append(f"mha was imported from {facts['mha']}, not from the copy %pip installed")
+    source = json.loads(facts["installed_from"] or "{}")
+    if source.get("vcs_info", {}).get("commit_id") != commit:
+        problems.append(f"the installed mha was not installed from commit {commit}: {source}")
+    return problems
+
+
+def setup_problems(result: execute_notebook.Run, colab: ColabStandIn) -> list[str]:
+    """The setup cell ran its %pip line (IPython's note after it), which left mha as installed."""
+    problems = []
+    if 1 in result.sent and PIP_NOTE not in execute_notebook.stdout_of(result.notebook.cells[1]):
+        shown = execute_notebook.stdout_of(result.notebook.cells[1])[-500:]
+        problems.append(f"the setup cell did not run %pip (no note from IPython): {shown!r}")
+    if installed_mha(colab.purelib) != colab.installed:
+        problems.append("the setup cell's %pip installed mha again: it was already installed")
     return problems
 
 
@@ -264,7 +349,7 @@ def stub_problems(stored: nbformat.NotebookNode, result: execute_notebook.Run) -
 def problems_of(
     stored: nbformat.NotebookNode,
     result: execute_notebook.Run,
-    purelib: Path,
+    colab: ColabStandIn,
     *,
     compare: bool = COMPARE,
 ) -> list[str]:
@@ -276,25 +361,76 @@ def problems_of(
         rules = execute_notebook.sanitize_rules(SANITIZE)
         differs = execute_notebook.compare_outputs(stored, result, rules)
         problems += [f"outputs differ from the stored ones (nbval): {d}" for d in differs.values()]
+    problems += setup_problems(result, colab)
     if not result.error:
         probe = result.notebook.cells[-1]
-        problems += probe_problems(execute_notebook.stdout_of(probe), purelib)
+        problems += probe_problems(execute_notebook.stdout_of(probe), colab.purelib, colab.commit)
     problems += stub_problems(stored, result)
     return problems
 
 
+def setup_cell_only(path: Path) -> bool:
+    """Whether the notebook's only code cell is the setup cell (most opening pages)."""
+    code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    setup = SETUP_CELL.read_text(encoding="utf-8").rstrip("\n")
+    return len(code) == 1 and code[0].source.rstrip("\n") == setup
+
+
+# Checked statically (test_opening_page_holds_only_the_setup_cell), not executed.
+SETUP_ONLY = [p for p in CHAPTERS if setup_cell_only(p)]
+EXECUTED = [p for p in CHAPTERS if p not in SETUP_ONLY] + ZH_CHAPTERS
+
+
+def timings(result: execute_notebook.Run) -> str:
+    """Where a run's time went: its cells (the setup cell's share), and the rest: waiting for
+    the kernel to answer, shutting it down."""
+    cells = sum(result.cell_seconds.values())
+    return (
+        f"{result.seconds:.1f} s: cells {cells:.1f} s (setup cell "
+        f"{result.cell_seconds.get(1, 0.0):.1f} s), kernel {result.seconds - cells:.1f} s"
+    )
+
+
 @pytest.mark.parametrize(
-    "path",
-    CHAPTERS + ZH_CHAPTERS,
-    ids=lambda p: ("zh-" if p.parents[1] == REPO / "zh" else "") + p.stem,
+    "path", EXECUTED, ids=lambda p: ("zh-" if p.parents[1] == REPO / "zh" else "") + p.stem
 )
-def test_chapter_runs_as_in_colab_and_shows_its_stored_outputs(path, colab):
+def test_chapter_runs_as_in_colab_and_shows_its_stored_outputs(path, colab, kernels):
     stored = nbformat.read(path, as_version=4)
-    result = run_as_in_colab(stored, colab)
-    problems = problems_of(stored, result, colab.purelib)
+    result = run_as_in_colab(stored, colab, kernels)
+    problems = problems_of(stored, result, colab)
     assert not problems, f"{path.name}:\n" + "\n".join(problems)
     compared = "outputs as stored" if COMPARE else "outputs not compared (MHA_COMPARE_OUTPUTS=0)"
-    print(f"{path.name}: ran to the end as in Colab in {result.seconds:.1f} s, {compared}")
+    print(f"{path.name}: ran to the end as in Colab in {timings(result)}, {compared}")
+
+
+@pytest.mark.parametrize("path", SETUP_ONLY, ids=lambda p: p.stem)
+def test_opening_page_holds_only_the_setup_cell(path):
+    """Not executed: its one code cell is the setup cell, which every executed notebook runs
+    (the same text, checked by tests/test_notebooks.py), and whose output nbval never compares.
+    What is left to check: no other code cell, and the stored setup output every executed chapter
+    stores (make execute ran it in the same fresh kernel)."""
+    nb = nbformat.read(path, as_version=4)
+    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    setup = SETUP_CELL.read_text(encoding="utf-8").rstrip("\n")
+    assert code == [1] and nb.cells[1].source.rstrip("\n") == setup, (
+        f"{path.name}: code cells at {code}; a page with code besides the setup cell is executed"
+    )
+    cell = nb.cells[1]
+    assert cell.execution_count == 1, f"{path.name}: the setup cell is stored unexecuted"
+    printed = execute_notebook.stdout_of(cell)
+    assert (
+        re.fullmatch(r"mha \S+ \| torch \S+ \| device: cpu\n", printed) and len(cell.outputs) == 1
+    ), f"{path.name}: the setup cell's stored output is not its usual line: {cell.outputs}"
+    usual = json.dumps(cell.outputs)
+    differ = [
+        p.name
+        for p in CHAPTERS
+        if p not in SETUP_ONLY
+        and json.dumps(nbformat.read(p, as_version=4).cells[1].outputs) != usual
+    ]
+    assert not differ, (
+        f"{path.name}: setup output {printed!r}, which these chapters do not store: {differ}"
+    )
 
 
 def test_setup_cell_has_a_colab_branch():
@@ -369,10 +505,10 @@ def broken_chapter() -> nbformat.NotebookNode:
     )
 
 
-def test_a_broken_notebook_fails_on_each_broken_cell(colab):
+def test_a_broken_notebook_fails_on_each_broken_cell(colab, kernels):
     stored = broken_chapter()
-    result = run_as_in_colab(stored, colab)
-    problems = problems_of(stored, result, colab.purelib, compare=True)
+    result = run_as_in_colab(stored, colab, kernels)
+    problems = problems_of(stored, result, colab, compare=True)
     report = "\n".join(problems)
 
     def about(cell: int) -> list[str]:
@@ -391,9 +527,55 @@ def test_a_broken_notebook_fails_on_each_broken_cell(colab):
 
 def test_probe_problems_catch_the_local_branch_and_a_foreign_mha(tmp_path):
     installed = tmp_path / "site-packages"
-    good = {"mha": str(installed / "mha" / "__init__.py"), "colab": True}
-    assert probe_problems("COLAB-PROBE " + json.dumps(good), installed) == []
-    local = {"mha": str(REPO / "mha" / "__init__.py"), "colab": False}
-    found = probe_problems("COLAB-PROBE " + json.dumps(local), installed)
-    assert len(found) == 2 and "local branch" in found[0] and "not from the copy" in found[1]
-    assert "no report" in probe_problems("", installed)[0]
+    source = {"url": "file://localhost/repository", "vcs_info": {"vcs": "git", "commit_id": "c0"}}
+    good = {
+        "mha": str(installed / "mha" / "__init__.py"),
+        "installed_from": json.dumps(source),
+        "colab": True,
+        "pip_exit_code": 0,
+    }
+    assert probe_problems("COLAB-PROBE " + json.dumps(good), installed, "c0") == []
+    local = {
+        "mha": str(REPO / "mha" / "__init__.py"),
+        "installed_from": None,
+        "colab": False,
+        "pip_exit_code": 1,
+    }
+    found = probe_problems("COLAB-PROBE " + json.dumps(local), installed, "c0")
+    assert len(found) == 4, found
+    assert "local branch" in found[0] and "%pip exited with 1" in found[1]
+    assert "not from the copy" in found[2] and "not installed from commit c0" in found[3]
+    other = probe_problems("COLAB-PROBE " + json.dumps(good), installed, "c1")
+    assert len(other) == 1 and "not installed from commit c1" in other[0]
+    assert "no report" in probe_problems("", installed, "c0")[0]
+
+
+def test_a_notebook_that_installs_mha_again_or_whose_pip_fails_is_caught(colab, kernels):
+    """The checks that stand in for installing mha before every notebook: a %pip that installs
+    mha again (here a later cell forcing it, from the same URL and commit) and a %pip that
+    fails (the last one, which the probe reports) are both caught."""
+    again = (
+        "import importlib.metadata, json\n"
+        'source = json.loads(importlib.metadata.distribution("mha").read_text("direct_url.json"))\n'
+        "url = f\"git+{source['url']}@{source['vcs_info']['commit_id']}\"\n"
+        '%pip install -q --force-reinstall --no-deps "mha @ {url}"'
+    )
+    missing = '%pip install -q "mha @ git+file://localhost/no/such/repository"'
+    stored = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_markdown_cell("(ch99)=\n# Installs mha again"),
+            code(
+                SETUP_CELL.read_text(encoding="utf-8").rstrip("\n"), [], 1, ["nbval-ignore-output"]
+            ),
+            code(again, [], 2, ["nbval-ignore-output"]),
+            code(missing, [], 3, ["nbval-ignore-output"]),
+        ]
+    )
+    try:
+        result = run_as_in_colab(stored, colab, kernels)
+        problems = problems_of(stored, result, colab, compare=True)
+    finally:
+        colab.installed = installed_mha(colab.purelib)  # the same wheel, installed anew
+    assert result.passed, result.error
+    assert len(problems) == 2, problems
+    assert "installed mha again" in problems[0] and "%pip exited with 1" in problems[1], problems

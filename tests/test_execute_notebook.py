@@ -241,7 +241,7 @@ def test_make_execute_records_the_smallest_text_of_each_figure(tmp_path, monkeyp
     import base64
     from io import BytesIO
 
-    import translate
+    import translation_files
     from PIL import Image
 
     i18n = tmp_path / "i18n"
@@ -249,7 +249,7 @@ def test_make_execute_records_the_smallest_text_of_each_figure(tmp_path, monkeyp
     (i18n / "figures.yml").write_text(
         'cells: {}\nfigures:\n  "a line": "一条线"\n  "big": "大"\n', encoding="utf-8"
     )
-    monkeypatch.setattr(translate, "I18N", i18n)
+    monkeypatch.setattr(translation_files, "I18N", i18n)
     draw = (
         "import matplotlib.pyplot as plt\n"
         "fig, ax = plt.subplots(figsize=(4.0, 3.0), layout='constrained')\n"
@@ -283,3 +283,30 @@ def test_make_execute_records_the_smallest_text_of_each_figure(tmp_path, monkeyp
     png = Image.open(BytesIO(base64.b64decode(drawn["image/png"])))
     assert json.loads(png.text["Description"]) == drawn["strings"]
     assert png.width == drawn["size"]["width"]  # a plain PNG: no setup cell asked for retina
+
+
+@pytest.mark.slow
+def test_warm_kernels_give_each_run_a_fresh_kernel_started_ahead(tmp_path):
+    """The notebook test's kernels: each run takes one that is already started and has run
+    nothing, the next one starts at once, and no kernel serves two runs."""
+    from jupyter_client.manager import KernelManager
+
+    def notebook() -> nbformat.NotebookNode:
+        return nbformat.v4.new_notebook(
+            cells=[cell("import os\nx = globals().get('x', 0) + 1\nprint(os.getpid(), x)", [])]
+        )
+
+    with execute_notebook.WarmKernels(KernelManager, cwd=tmp_path) as warm:
+        taken = [warm.take() for _ in range(2)]  # the second is the one started ahead
+        assert all(km.has_kernel for km in taken) and warm.next.has_kernel
+        runs = [execute_notebook.run(notebook(), cwd=tmp_path, km=km) for km in taken]
+        assert all(r.passed for r in runs), [r.error for r in runs]
+        printed = [execute_notebook.stdout_of(r.notebook.cells[0]).split() for r in runs]
+        assert printed[0][0] != printed[1][0] and printed[0][1] == printed[1][1] == "1", printed
+        assert not any(km.has_kernel for km in taken)  # each shut down after its run
+        assert set(runs[0].cell_seconds) == {0} and runs[0].cell_seconds[0] < runs[0].seconds
+        # a kernel started for another working directory (or already used) is refused
+        with pytest.raises(ValueError, match="not started ahead for this run"):
+            execute_notebook.run(notebook(), cwd=REPO, km=warm.take())
+        last = warm.next
+    assert warm.started == 4 and not last.has_kernel  # closing shuts down the one left

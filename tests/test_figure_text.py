@@ -1,6 +1,6 @@
 """The words drawn inside figures (tools/figure_text.py): which need Chinese, how a table gives it,
 the Chinese drawing that make execute stores, and the checks and build step of
-tools/translate.py that use it."""
+tools/translation_figures.py that use it."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from PIL import Image  # noqa: E402
 sys.path.insert(0, str(REPO / "tools"))
 
 import figure_text  # noqa: E402 (tools/ is not a package: it joins the path first)
-import translate  # noqa: E402
+import translation_figures  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -125,7 +125,7 @@ def zh_drawing(strings):
 def test_check_asks_for_every_english_label(tmp_path):
     write_table(tmp_path, {"cat": "猫", "dog": "狗"})
     nb = notebook_with_figure(["cat", "fish", "0.5"], zh_drawing(["猫", "fish", "0.5"]))
-    problems = translate.figure_label_problems("x", nb, [], tmp_path)
+    problems = translation_figures.figure_label_problems("x", nb, [], tmp_path)
     assert problems == [
         "x: figure 1: no Chinese for the label 'fish' (figures:)",
         "x: figures: 'dog' is drawn by no figure",
@@ -135,21 +135,21 @@ def test_check_asks_for_every_english_label(tmp_path):
 def test_check_finds_a_drawing_older_than_its_table(tmp_path):
     write_table(tmp_path, {"cat": "小猫"})
     stale = notebook_with_figure(["cat"], zh_drawing(["猫"]))
-    assert translate.figure_label_problems("x", stale, [], tmp_path) == [
+    assert translation_figures.figure_label_problems("x", stale, [], tmp_path) == [
         "x: figure 1: drawn before the label 'cat' became '小猫': make execute"
     ]
     undrawn = notebook_with_figure(["cat"])
-    assert translate.figure_label_problems("x", undrawn, [], tmp_path) == [
+    assert translation_figures.figure_label_problems("x", undrawn, [], tmp_path) == [
         "x: figure 1: no Chinese drawing (make execute)"
     ]
     fresh = notebook_with_figure(["cat"], zh_drawing(["小猫"]))
-    assert translate.figure_label_problems("x", fresh, [], tmp_path) == []
+    assert translation_figures.figure_label_problems("x", fresh, [], tmp_path) == []
 
 
 def test_check_wants_chinese_in_each_entry(tmp_path):
     write_table(tmp_path, {"cat": "cat!", "softmax": "softmax"})  # kept as it is: allowed
     nb = notebook_with_figure(["cat", "softmax"], zh_drawing(["cat!", "softmax"]))
-    assert translate.figure_label_problems("x", nb, [], tmp_path) == [
+    assert translation_figures.figure_label_problems("x", nb, [], tmp_path) == [
         "x: figures: 'cat' has no Chinese ('cat!')"
     ]
 
@@ -157,7 +157,7 @@ def test_check_wants_chinese_in_each_entry(tmp_path):
 def test_build_puts_the_chinese_drawing_in_place():
     nb = notebook_with_figure(["cat"], zh_drawing(["猫"]))
     output = nb.cells[0].outputs[0]
-    translate.chinese_figure(output)
+    translation_figures.chinese_figure(output)
     assert output.data["image/png"] == "WkguUE5H"
     assert output.metadata["image/png"] == {"width": 10, "height": 5}
     assert output.metadata["mha_text"]["strings"] == ["猫"] and "mha_zh" not in output.metadata
@@ -173,5 +173,5 @@ def test_math_text_with_chinese_is_refused(tmp_path, monkeypatch):
     plt.close(fig)
     write_table(tmp_path, {"mix with $W^O$": "用$W^O$混合"})
     nb = notebook_with_figure(["mix with $W^O$"], zh_drawing(["用$W^O$混合"]))
-    (problem,) = translate.figure_label_problems("x", nb, [], tmp_path)
+    (problem,) = translation_figures.figure_label_problems("x", nb, [], tmp_path)
     assert "math font, which has no Chinese" in problem

@@ -20,33 +20,41 @@ from conftest import REPO
 sys.path.insert(0, str(REPO / "tools"))
 
 import sphinx_language_switch  # noqa: E402 (tools/ is not a package: it joins the path first)
-import translate  # noqa: E402
+import translation_book  # noqa: E402
+import translation_check  # noqa: E402
+import translation_code  # noqa: E402
+import translation_figures  # noqa: E402
+import translation_files  # noqa: E402
+import translation_glossary  # noqa: E402
+import translation_structure  # noqa: E402
 
 FIX = "edit i18n/zh/, then run: python tools/translate.py build (see python tools/translate.py todo <stem>)"
 
 
 def test_every_listed_translation_is_complete_current_and_well_formed():
-    problems = translate.check()
+    problems = translation_check.check()
     assert not problems, "\n".join([*problems, FIX])
 
 
 def test_the_listed_chapters_are_chapters_of_the_book():
-    stems = translate.toc_stems(translate.english_toc())
-    listed = translate.listed_stems()
+    stems = translation_files.toc_stems(translation_files.english_toc())
+    listed = translation_files.listed_stems()
     assert listed and set(listed) <= set(stems), (
         f"{sorted(set(listed) - set(stems))} not in _toc.yml"
     )
 
 
 def test_the_generated_chinese_book_is_up_to_date():
-    files = translate.generated_files()
+    files = translation_book.generated_files()
     stale = [
         str(path.relative_to(REPO))
         for path, text in files.items()
         if not path.exists() or path.read_text(encoding="utf-8") != text
     ]
     extra = [
-        str(p.relative_to(REPO)) for p in (translate.ZH / "chapters").iterdir() if p not in files
+        str(p.relative_to(REPO))
+        for p in (translation_files.ZH / "chapters").iterdir()
+        if p not in files
     ]
     assert not stale and not extra, (
         f"out of date: {stale}; not generated: {extra}; run: python tools/translate.py build"
@@ -68,9 +76,9 @@ def without_translated_text(cell) -> dict:
     if cell.cell_type == "code" and "import mha\n" in cell.source and "%pip install" in cell.source:
         cell.source = ""
     elif cell.cell_type == "code":  # comments may be translated (`code:` in i18n/zh/<stem>.yml)
-        cell.source = repr(translate.code_tokens(cell.source))
+        cell.source = repr(translation_code.code_tokens(cell.source))
     for output in cell.get("outputs", []):
-        translate.chinese_figure(output)  # an English figure becomes its Chinese drawing
+        translation_figures.chinese_figure(output)  # an English figure becomes its Chinese drawing
         if output.output_type == "stream":
             lines = output.text.split("\n")
             for pattern in (CHECKER_LINE_EN, CHECKER_LINE_ZH):
@@ -82,28 +90,30 @@ def without_translated_text(cell) -> dict:
     return cell
 
 
-@pytest.mark.parametrize("stem", translate.toc_stems(translate.english_toc()))
+@pytest.mark.parametrize("stem", translation_files.toc_stems(translation_files.english_toc()))
 def test_a_chinese_notebook_has_the_english_code_and_outputs(stem):
     english = nbformat.read(REPO / "chapters" / f"{stem}.ipynb", as_version=4)
-    chinese = nbformat.read(translate.ZH / "chapters" / f"{stem}.ipynb", as_version=4)
+    chinese = nbformat.read(translation_files.ZH / "chapters" / f"{stem}.ipynb", as_version=4)
     cells = [c for c in chinese.cells if c.id != "zh-untranslated-note"]
     assert [c.id for c in cells] == [c.id for c in english.cells]
     for en, zh in zip(english.cells, cells):
         assert without_translated_text(zh) == without_translated_text(en), (
             f"{stem}: cell {en.id} differs from the English beyond its translated text"
         )
-    assert chinese.metadata.pop("language") == translate.LANG
+    assert chinese.metadata.pop("language") == translation_book.LANG
     assert chinese.metadata == english.metadata
-    listed = stem in translate.listed_stems()
+    listed = stem in translation_files.listed_stems()
     assert listed == (len(cells) == len(chinese.cells)), (
         f"{stem}: the 'not translated yet' note belongs exactly on the unlisted chapters"
     )
     if not listed:  # published in English until listed in i18n/zh/chapters.txt
-        assert [translate.deeper_paths(c.source) for c in english.cells] == [
+        assert [translation_book.deeper_paths(c.source) for c in english.cells] == [
             c.source for c in cells
         ]
         return
-    setup = translate.chinese_setup_cell(translate.SETUP_CELL.read_text(encoding="utf-8"))
+    setup = translation_code.chinese_setup_cell(
+        translation_code.SETUP_CELL.read_text(encoding="utf-8")
+    )
     assert cells[1].source.rstrip("\n") == setup.rstrip("\n"), f"{stem}: not the Chinese setup cell"
     for en, zh in zip(english.cells, cells):
         if en.cell_type == "code":
@@ -118,13 +128,13 @@ def test_a_chinese_notebook_has_the_english_code_and_outputs(stem):
 
 
 def test_the_chinese_setup_cell_is_the_english_one_with_chinese_comments_and_checkers():
-    english = translate.SETUP_CELL.read_text(encoding="utf-8")
-    chinese = translate.chinese_setup_cell(english)
+    english = translation_code.SETUP_CELL.read_text(encoding="utf-8")
+    chinese = translation_code.chinese_setup_cell(english)
     assert 'mha.exercises.set_language("zh")' in chinese
     assert "pathlib.Path.cwd().parents[1]" in chinese  # zh/chapters/ is one folder deeper
     code = [ln for ln in english.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     kept = set(chinese.splitlines())
-    assert [ln for ln in code if ln not in kept] == [translate.SETUP_PATH[0]]
+    assert [ln for ln in code if ln not in kept] == [translation_code.SETUP_PATH[0]]
     comments = [ln.split("#", 1)[1] for ln in chinese.splitlines() if "# " in ln]
     assert all(re.search(r"[\u4e00-\u9fff]", c) for c in comments), comments
 
@@ -133,12 +143,12 @@ def test_the_chinese_checker_lines_are_what_the_checkers_print_in_chinese():
     """The checker lines of the Chinese notebooks come from running each checker in Chinese
     (a fresh interpreter, mha.exercises.set_language("zh")) on an answer it accepts; the same run
     in English prints exactly the English notebook's line."""
-    lines = translate.run_checkers()  # the checkout's mha, every exercise
+    lines = translation_code.run_checkers()  # the checkout's mha, every exercise
     for name in lines:
         en, zh = lines[name]["en"], lines[name]["zh"]
         assert CHECKER_LINE_EN.match(en) and CHECKER_LINE_ZH.match(zh), (en, zh)
     shown = {}
-    for path in sorted((translate.ZH / "chapters").glob("*.ipynb")):
+    for path in sorted((translation_files.ZH / "chapters").glob("*.ipynb")):
         text = path.read_text(encoding="utf-8")
         shown.update((name, line) for line, name in re.findall(r'"(✓ (check_\w+)：[^"\\]*)', text))
     assert shown, "no checker line in the Chinese notebooks"
@@ -148,23 +158,25 @@ def test_the_chinese_checker_lines_are_what_the_checkers_print_in_chinese():
 
 def test_a_stale_checker_line_stops_the_build():
     with pytest.raises(ValueError, match="re-execute"):
-        translate.chinese_checker_output("✓ check_softmax: correct — made up\n", "demo")
+        translation_code.chinese_checker_output("✓ check_softmax: correct — made up\n", "demo")
 
 
 def test_the_chinese_toc_mirrors_the_english_one():
-    english = translate.english_toc()
-    chinese = yaml.safe_load((translate.ZH / "_toc.yml").read_text(encoding="utf-8"))
+    english = translation_files.english_toc()
+    chinese = yaml.safe_load((translation_files.ZH / "_toc.yml").read_text(encoding="utf-8"))
     assert chinese["root"] == english["root"]
     # The same pages: the glossary is one of them (English and Chinese, both generated).
-    assert translate.all_toc_stems(chinese) == translate.all_toc_stems(english)
-    assert translate.GLOSSARY_STEM in translate.all_toc_stems(english)
+    assert translation_files.all_toc_stems(chinese) == translation_files.all_toc_stems(english)
+    assert translation_files.GLOSSARY_STEM in translation_files.all_toc_stems(english)
     captions = [p["caption"] for p in english["parts"]]
-    missing = [c for c in captions if c not in translate.PART_CAPTIONS]
-    assert not missing, f"add Chinese captions to PART_CAPTIONS in tools/translate.py: {missing}"
+    missing = [c for c in captions if c not in translation_book.PART_CAPTIONS]
+    assert not missing, (
+        f"add Chinese captions to PART_CAPTIONS in tools/translation_book.py: {missing}"
+    )
 
 
 def test_the_chinese_config_points_colab_at_the_chinese_notebooks():
-    config = yaml.safe_load((translate.ZH / "_config.yml").read_text(encoding="utf-8"))
+    config = yaml.safe_load((translation_files.ZH / "_config.yml").read_text(encoding="utf-8"))
     assert config["repository"]["path_to_book"] == "zh"
     assert config["sphinx"]["config"]["language"] == "zh_CN"
 
@@ -189,13 +201,13 @@ def test_a_changed_english_cell_is_stale_and_a_new_one_missing(tmp_path):
         tmp_path,
         "demo",
         {
-            "a1": {"en": translate.en_hash(old), "zh": "注意力是一次查找。"},
+            "a1": {"en": translation_files.en_hash(old), "zh": "注意力是一次查找。"},
             "gone": {"en": "0" * 12, "zh": "已删除的单元格。"},
         },
     )
-    state = translate.status("demo", tmp_path, units)
+    state = translation_check.status("demo", tmp_path, units)
     assert state == {"missing": ["b2"], "stale": ["a1"], "orphaned": ["gone"]}
-    problems = translate.check_file("demo", [], tmp_path, units)
+    problems = translation_check.check_file("demo", [], tmp_path, units)
     assert any("stale entry a1" in p for p in problems)
     assert any("missing entry b2" in p for p in problems)
     assert any("orphaned entry gone" in p for p in problems)
@@ -206,7 +218,7 @@ def test_ids_and_hashes_of_digits_are_read_as_text(tmp_path):
     (tmp_path / "demo.yml").write_text(
         "cells:\n  01234567:\n    en: 123456789012\n    zh: 头\n", encoding="utf-8"
     )
-    cells = translate.load_translation("demo", tmp_path)
+    cells = translation_files.load_translation("demo", tmp_path)
     assert list(cells) == ["01234567"] and cells["01234567"]["en"] == "123456789012"
 
 
@@ -246,7 +258,7 @@ $QK^\\top$的形状是什么？
 
 
 def test_a_faithful_translation_keeps_the_structure():
-    assert translate.structure_problems(ENGLISH, CHINESE) == []
+    assert translation_structure.structure_problems(ENGLISH, CHINESE) == []
 
 
 @pytest.mark.parametrize(
@@ -266,7 +278,7 @@ def test_a_faithful_translation_keeps_the_structure():
 )
 def test_a_structure_violation_is_caught(what, old, new):
     assert old in CHINESE
-    problems = translate.structure_problems(ENGLISH, CHINESE.replace(old, new, 1))
+    problems = translation_structure.structure_problems(ENGLISH, CHINESE.replace(old, new, 1))
     assert any(p.startswith(what) for p in problems), problems
 
 
@@ -289,8 +301,8 @@ t = \\mbox{每步时间} + \\text{acc}_{\\text{new}}
 
 
 def test_the_words_of_text_in_math_may_be_translated():
-    assert translate.structure_problems(MATH_EN, MATH_ZH) == []
-    assert translate.math_words("a_{\\text{x {y}}} + \\mbox{z}") == ["x {y}", "z"]
+    assert translation_structure.structure_problems(MATH_EN, MATH_ZH) == []
+    assert translation_structure.math_words("a_{\\text{x {y}}} + \\mbox{z}") == ["x {y}", "z"]
 
 
 @pytest.mark.parametrize(
@@ -308,32 +320,36 @@ def test_the_words_of_text_in_math_may_be_translated():
 )
 def test_math_outside_the_words_of_text_must_not_change(old, new):
     assert old in MATH_ZH
-    problems = translate.structure_problems(MATH_EN, MATH_ZH.replace(old, new, 1))
+    problems = translation_structure.structure_problems(MATH_EN, MATH_ZH.replace(old, new, 1))
     assert any(p.startswith(("math", "code or math blocks")) for p in problems), problems
 
 
 def test_the_glossary_applies_to_the_words_of_text_in_math():
     glossary = [{"en": "FLOP/byte (unit)", "zh": "FLOP/字节", "avoid": ["FLOP/byte"]}]
-    assert translate.glossary_problems("$I = 2\\,\\text{FLOP/byte}$", glossary)
-    assert not translate.glossary_problems("$I = 2\\,\\text{FLOP/字节}$", glossary)
-    assert not translate.glossary_problems("$\\mathrm{FLOP/byte}$", glossary)  # not words
+    assert translation_glossary.glossary_problems("$I = 2\\,\\text{FLOP/byte}$", glossary)
+    assert not translation_glossary.glossary_problems("$I = 2\\,\\text{FLOP/字节}$", glossary)
+    assert not translation_glossary.glossary_problems(
+        "$\\mathrm{FLOP/byte}$", glossary
+    )  # not words
 
 
 def test_emphasis_that_does_not_render_is_caught():
     # CommonMark does not close ** after full-width punctuation that precedes a letter.
     english = "The **first pair** turns fast."
-    assert translate.structure_problems(english, "**第一对**转得快。") == []
-    assert translate.structure_problems(english, "**第一对，**转得快。")[0].startswith("emphasis")
+    assert translation_structure.structure_problems(english, "**第一对**转得快。") == []
+    assert translation_structure.structure_problems(english, "**第一对，**转得快。")[0].startswith(
+        "emphasis"
+    )
 
 
 def test_an_avoided_term_is_caught_and_code_is_exempt():
     glossary = [{"en": "mask", "zh": "掩码", "avoid": ["遮罩"]}]
-    assert translate.glossary_problems("填充遮罩把这些位置去掉。", glossary)
-    assert not translate.glossary_problems("填充掩码把`遮罩`这些位置去掉。", glossary)
+    assert translation_glossary.glossary_problems("填充遮罩把这些位置去掉。", glossary)
+    assert not translation_glossary.glossary_problems("填充掩码把`遮罩`这些位置去掉。", glossary)
 
 
 def test_the_glossary_has_the_course_terms_once_each():
-    terms = translate.load_glossary()
+    terms = translation_files.load_glossary()
     english = [t["en"] for t in terms]
     assert len(english) == len(set(english))
     for required in ("query", "key", "value", "head", "mask", "tile", "KV cache"):
@@ -342,11 +358,13 @@ def test_the_glossary_has_the_course_terms_once_each():
 
 def test_includes_reach_the_package_from_one_folder_deeper():
     line = "```{literalinclude} ../mha/attention.py\n:pyobject: f\n```"
-    assert translate.deeper_paths(line).startswith("```{literalinclude} ../../mha/attention.py\n")
+    assert translation_book.deeper_paths(line).startswith(
+        "```{literalinclude} ../../mha/attention.py\n"
+    )
 
 
 def test_the_language_switch_links_the_same_page_or_the_landing_page():
-    zh = translate.ZH
+    zh = translation_files.ZH
     assert sphinx_language_switch.counterpart(zh, "chapters/index", "chapters/04_masking") == (
         "chapters/04_masking"
     )
@@ -368,7 +386,7 @@ def test_every_glossary_term_is_defined_and_points_at_a_label_of_the_book():
     for path in (REPO / "chapters").glob("*.md"):
         text = path.read_text(encoding="utf-8")
         labels |= set(re.findall(r"^\(([^()\s]+)\)=\s*$", text, re.MULTILINE))
-    for term in translate.load_glossary():
+    for term in translation_files.load_glossary():
         assert term.get("define") and term.get("taught"), (
             f"glossary: {term['en']!r} lacks define/taught"
         )
@@ -385,7 +403,9 @@ def test_a_chinese_notebook_runs_from_a_clone_and_its_checkers_speak_chinese():
 
     import execute_notebook
 
-    stored = nbformat.read(translate.ZH / "chapters" / "01_1_soft_lookup.ipynb", as_version=4)
+    stored = nbformat.read(
+        translation_files.ZH / "chapters" / "01_1_soft_lookup.ipynb", as_version=4
+    )
     setup = stored.cells[1].source
     line = next(
         o.text
@@ -401,7 +421,7 @@ def test_a_chinese_notebook_runs_from_a_clone_and_its_checkers_speak_chinese():
     nb = nbformat.v4.new_notebook(
         cells=[nbformat.v4.new_code_cell(setup), nbformat.v4.new_code_cell(probe)]
     )
-    result = execute_notebook.run(nb, cwd=translate.ZH / "chapters")
+    result = execute_notebook.run(nb, cwd=translation_files.ZH / "chapters")
     assert result.passed, result.error
     first, checker = execute_notebook.stdout_of(nb.cells[1]).split("\n", 1)
     where, language = json.loads(first)
@@ -425,17 +445,17 @@ def test_chinese_search_indexes_one_character_words_and_edit_links_open_the_tran
     )
     assert sphinx_zh.edit_url(f"{repo}/zh/chapters/index.md") == f"{repo}/i18n/zh/index.yml"
     assert sphinx_zh.edit_url(f"{repo}/zh/chapters/glossary.md") == f"{repo}/i18n/zh/glossary.yml"
-    config = yaml.safe_load((translate.ZH / "_config.yml").read_text(encoding="utf-8"))
+    config = yaml.safe_load((translation_files.ZH / "_config.yml").read_text(encoding="utf-8"))
     assert config["sphinx"]["local_extensions"]["sphinx_zh"] == "../tools/"
 
 
 def test_an_allowed_word_and_an_english_gloss_are_not_avoided_terms():
     glossary = [{"en": "notebook", "zh": "notebook", "avoid": ["笔记本"], "allow": ["笔记本电脑"]}]
-    assert not translate.glossary_problems("这个notebook在笔记本电脑上运行。", glossary)
-    assert translate.glossary_problems("这个笔记本在笔记本电脑上运行。", glossary)
+    assert not translation_glossary.glossary_problems("这个notebook在笔记本电脑上运行。", glossary)
+    assert translation_glossary.glossary_problems("这个笔记本在笔记本电脑上运行。", glossary)
     online = [{"en": "online softmax", "zh": "在线softmax", "avoid": ["online softmax"]}]
-    assert not translate.glossary_problems("*在线softmax*（online softmax）", online)
-    assert translate.glossary_problems("一个分块的online softmax", online)
+    assert not translation_glossary.glossary_problems("*在线softmax*（online softmax）", online)
+    assert translation_glossary.glossary_problems("一个分块的online softmax", online)
 
 
 @pytest.mark.parametrize(
@@ -452,19 +472,19 @@ def test_an_allowed_word_and_an_english_gloss_are_not_avoided_terms():
     ],
 )
 def test_a_reduction_stated_as_a_multiple_is_caught(text, ambiguous):
-    assert bool(translate.glossary_problems(text, [])) == ambiguous, text
+    assert bool(translation_glossary.glossary_problems(text, [])) == ambiguous, text
 
 
 def test_a_chapter_gives_the_english_at_the_first_use_of_a_term():
     glossary = [{"en": "query", "zh": "查询", "first_use": True}]
     glossed = [("a", [("c1", "# 查询\n\n每个查询（query）都看到键。"), ("c2", "查询再次出现。")])]
-    assert translate.first_use_problems(glossed, glossary) == []
+    assert translation_glossary.first_use_problems(glossed, glossary) == []
     bare = [("a", [("c1", "每个`查询`和$查询$不算。每个查询都看到键（key）。")])]
-    assert translate.first_use_problems(bare, glossary) == [
+    assert translation_glossary.first_use_problems(bare, glossary) == [
         "a: c1: the chapter's first '查询' needs its English: 查询（query）"
     ]
     later = [("a", [("c1", "没有这个词。")]), ("b", [("c2", "**查询**（query）")])]
-    assert translate.first_use_problems(later, glossary) == []
+    assert translation_glossary.first_use_problems(later, glossary) == []
 
 
 def test_a_code_comment_translation_changes_comments_only(tmp_path):
@@ -477,9 +497,35 @@ def test_a_code_comment_translation_changes_comments_only(tmp_path):
             yaml.safe_dump({"code": {"c1": {"comments": comments}}}, allow_unicode=True),
             encoding="utf-8",
         )
-        return translate.comment_problems("demo", nb, tmp_path)
+        return translation_code.comment_problems("demo", nb, tmp_path)
 
     assert problems({"one": "一", "add": "加一"}) == []
-    assert translate.with_comments(cell.source, {"one": "一"}) == "x = 1  # 一\n# add\ny = x + 1\n"
+    assert (
+        translation_code.with_comments(cell.source, {"one": "一"})
+        == "x = 1  # 一\n# add\ny = x + 1\n"
+    )
     assert any("stale" in p for p in problems({"two": "二"}))
     assert any("changes code" in p for p in problems({"add\ny = x + 1": "加一\ny = x + 2"}))
+
+
+def test_chinese_search_makes_the_words_sphinx_makes_without_its_quadratic_list():
+    """tools/sphinx_zh.py keeps the Latin words it has seen in a set (Sphinx 7.4: a list that every
+    stemmed word is looked up in); the words it indexes are Sphinx's own. "ids" stems to "id" unless
+    it was seen as a word of the text (then it is kept whole); a fresh index has seen nothing."""
+    import sphinx_zh
+    from sphinx.search.zh import SearchChinese
+
+    text = "缓存 KV ids were cached 注意力 heads"
+    ours, sphinx = sphinx_zh.SearchChineseWords({}), SearchChinese({})
+    assert sphinx_zh.SearchChineseWords({}).stem("ids") == "id"
+    assert ours.split(text) == sphinx.split(text)
+    assert [ours.stem(w) for w in ("ids", "heads", "cached", "GQA")] == [
+        "ids",
+        "head",
+        "cach",
+        "gqa",
+    ]
+    assert [ours.stem(w) for w in ("ids", "heads", "cached")] == [
+        sphinx.stem(w) for w in ("ids", "heads", "cached")
+    ]
+    assert isinstance(ours.latin_terms, set)

@@ -14,6 +14,7 @@ speed-up, and the header line prints the load average so a busy run can be recog
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import sys
@@ -62,6 +63,12 @@ def _randn(shape: tuple[int, ...], device: torch.device, g: torch.Generator) -> 
     return torch.randn(shape, generator=g).to(device)  # drawn on the CPU: same numbers everywhere
 
 
+def _cached_kv(cache: mha.KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values of a cache that a prefill has filled (None before its first update)."""
+    assert cache.key is not None and cache.value is not None, "the cache is empty"
+    return cache.key, cache.value
+
+
 def _times(a: str, ta: Timing, b: str, tb: Timing) -> str:
     return f"{a} ~{ta.ms:.3f} ms, {b} ~{tb.ms:.3f} ms"
 
@@ -81,8 +88,8 @@ def module_vs_torch(
                 ours(x)[0], theirs(x, x, x, need_weights=False)[0], atol=1e-4, rtol=1e-4
             )
             ratio, t_ours, t_theirs = paired_ratio(
-                lambda ours=ours, x=x: ours(x),
-                lambda theirs=theirs, x=x: theirs(x, x, x, need_weights=False),
+                functools.partial(ours, x),
+                functools.partial(theirs, x, x, x, need_weights=False),
                 pairs=3 if quick else 5,
                 min_run_time=run_time,
             )
@@ -201,7 +208,7 @@ def _error_ratio(ours: torch.Tensor, theirs: torch.Tensor, golden: torch.Tensor)
 
 def _low_precision_cases(
     dev: torch.device, g: torch.Generator, quick: bool
-) -> list[tuple[torch.Tensor, ...]]:
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """float64 (q, k, v) with logit spreads (std) of 1, 9, 25 and 49, and |q·k| beyond 65504."""
     L, D = (32, 32) if quick else (256, 64)
     q, k, v = (_randn((2, 4, L, D), dev, g).double() for _ in range(3))
@@ -223,10 +230,10 @@ def low_precision(dev: torch.device, g: torch.Generator, quick: bool) -> list[Ch
             worst = {"scaled_dot_product_attention": 0.0, "flash_attention": 0.0}
             for q, k, v in cases:
                 golden = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                low = [t.to(dtype) for t in (q, k, v)]
-                theirs = F.scaled_dot_product_attention(*low, is_causal=True)
+                lq, lk, lv = (t.to(dtype) for t in (q, k, v))
+                theirs = F.scaled_dot_product_attention(lq, lk, lv, is_causal=True)
                 for name, so_far in worst.items():
-                    ours = getattr(mha, name)(*low, is_causal=True)
+                    ours = getattr(mha, name)(lq, lk, lv, is_causal=True)
                     worst[name] = max(so_far, _error_ratio(ours, theirs, golden))
             layers = {
                 b: mha.MultiHeadAttention(64, 4, backend=b, dtype=dtype).to(dev).eval()
@@ -276,7 +283,7 @@ def _decode_width(
     def step(kv: int) -> Callable[[], object]:
         def run() -> object:
             cache = mha.KVCache()
-            cache.update(caches[kv].key, caches[kv].value)  # the cache as the prefix left it
+            cache.update(*_cached_kv(caches[kv]))  # the cache as the prefix left it
             return layers[kv](new, is_causal=True, kv_cache=cache)
 
         return run
@@ -318,7 +325,7 @@ def _decode_width(
             )
         )
         q = _randn((1, H, 1, E // H), dev, g)
-        k, v = caches[Hkv].key, caches[Hkv].value  # (1, Hkv, P, D)
+        k, v = _cached_kv(caches[Hkv])  # (1, Hkv, P, D)
         ratio, t_grouped, t_repeated = paired_ratio(
             lambda: mha.scaled_dot_product_attention(q, k, v, enable_gqa=True),
             lambda: mha.scaled_dot_product_attention(
@@ -387,6 +394,7 @@ def serving(dev: torch.device, g: torch.Generator, quick: bool, run_time: float)
     q = _randn((B, H, 1, D), dev, g)
     cache = mha.PagedKVCache(block_size=16)
     cache.update(k, v)
+    assert cache.key_pool is not None and cache.value_pool is not None  # the update made them
     args = (q, cache.key_pool, cache.value_pool, cache.block_table, cache.seq_lens)
     with torch.no_grad():
         torch.testing.assert_close(

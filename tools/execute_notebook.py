@@ -12,7 +12,9 @@ metadata (timings, widgets state) that the tests do not need.
 Everything else that executes a notebook uses :func:`run` too: the notebook test
 (tests/test_colab_run.py: Colab's "Run all", no tags honoured, outputs compared with the stored
 ones by :func:`compare_outputs`), ``make gpu-check`` (tools/gpu_check.py) and ``make test-robust``
-(tools/robustness.py).
+(tools/robustness.py). A caller that runs notebooks one after another can start each kernel
+ahead with :class:`WarmKernels`: the next one boots while the current notebook runs, and every
+run still gets a fresh kernel of its own (the notebook test does this).
 
 Tracebacks are stored in IPython's ``Minimal`` mode ("ValueError: message"), so that an error
 never prints file paths of the machine that ran it.
@@ -35,7 +37,7 @@ import re
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +47,7 @@ from fold_solutions import fold
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from nbformat.v4 import output_from_msg
-from translate import load_figure_labels
+from translation_files import load_figure_labels
 
 # tags: myst-nb and nbclient read them, the notebook test too; cellView (Colab) and
 # jupyter.source_hidden (JupyterLab) fold the solutions.
@@ -75,16 +77,19 @@ class Run:
 
     Attributes:
         notebook: the notebook with this run's outputs (as a notebook frontend keeps them).
-        seconds: wall time from kernel start to the end (or to the error).
+        seconds: wall time from kernel start (or, for a kernel started ahead, from the moment the
+            run took it over) to the kernel's shutdown after the end (or the error).
         error: ``None`` if every cell ran; else where it stopped and why, in one paragraph.
         sent: for each code cell the run executed (by index in ``notebook.cells``), every output
             the kernel sent, in order, ``clear_output`` ignored: what nbval compares.
+        cell_seconds: each executed code cell's wall time, by index in ``notebook.cells``.
     """
 
     notebook: nbformat.NotebookNode
     seconds: float
     error: str | None
     sent: dict[int, list[nbformat.NotebookNode]] = field(default_factory=dict)
+    cell_seconds: dict[int, float] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -97,6 +102,17 @@ class _Client(NotebookClient):
     def __init__(self, nb: nbformat.NotebookNode, **kw: Any) -> None:
         super().__init__(nb, **kw)
         self.sent: dict[int, list[nbformat.NotebookNode]] = {}
+        self.cell_seconds: dict[int, float] = {}
+
+    async def async_execute_cell(
+        self, cell: nbformat.NotebookNode, cell_index: int, *args: Any, **kw: Any
+    ) -> nbformat.NotebookNode:
+        start = time.perf_counter()
+        try:
+            return await super().async_execute_cell(cell, cell_index, *args, **kw)
+        finally:
+            if cell_index in self.sent:  # executed, not skipped for its tag
+                self.cell_seconds[cell_index] = time.perf_counter() - start
 
     def process_message(
         self, msg: dict[str, Any], cell: nbformat.NotebookNode, cell_index: int
@@ -127,6 +143,39 @@ def stdout_of(cell: nbformat.NotebookNode) -> str:
     return "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stdout")
 
 
+def _client(
+    nb: nbformat.NotebookNode,
+    *,
+    cwd: Path,
+    honour_tags: bool = True,
+    timeout: int = 600,
+    kernel_name: str = "python3",
+    km: Any = None,
+    startup: Sequence[str] = (),
+) -> _Client:
+    """The client that runs ``nb``; the kernel it starts gets the arguments that :func:`run`
+    documents (:class:`WarmKernels` starts its kernels through it too, so they match)."""
+    return _Client(
+        nb,
+        km=km,
+        timeout=timeout,
+        kernel_name=kernel_name,
+        resources={"metadata": {"path": str(cwd)}},
+        record_timing=False,
+        # nbclient skips the cells carrying this tag; no cell carries an empty one.
+        skip_cells_with_tag="skip-execution" if honour_tags else "",
+        force_raise_errors=True,  # not even a cell tagged raises-exception may raise
+        extra_arguments=[MINIMAL_TRACEBACKS, *(f"--IPKernelApp.exec_lines={x}" for x in startup)],
+    )
+
+
+def _kernel_start(
+    cwd: Path, env: Mapping[str, str] | None, startup: Sequence[str]
+) -> tuple[str, tuple[tuple[str, str], ...] | None, tuple[str, ...]]:
+    """What a kernel was started with, to check that a kernel started ahead suits a run."""
+    return str(cwd), None if env is None else tuple(sorted(env.items())), tuple(startup)
+
+
 def run(
     nb: nbformat.NotebookNode,
     *,
@@ -143,23 +192,31 @@ def run(
     Every code cell runs in order and the run stops at the first error; no cell may raise, whatever
     its tags. With ``honour_tags`` cells tagged ``skip-execution`` are left unexecuted (as in the
     book); without it every cell runs, as in Colab's "Run all". ``km`` is a kernel manager to use
-    (a Colab stand-in's kernelspec); ``env``, the kernel's environment (default: this process's);
-    ``startup``, Python lines the kernel runs before the first cell.
+    (a Colab stand-in's kernelspec), or one whose kernel :class:`WarmKernels` started ahead with
+    the same ``cwd``, ``env`` and ``startup`` (and never used); ``env``, the kernel's environment
+    (default: this process's); ``startup``, Python lines the kernel runs before the first cell.
+    The kernel is shut down at the end.
     """
+    if km is not None and km.has_kernel:
+        started = getattr(km, "mha_started_with", None)
+        if started != _kernel_start(cwd, env, startup):
+            km.shutdown_kernel(now=True)
+            raise ValueError(
+                "the kernel manager's kernel is already running, but was not started ahead for "
+                f"this run (WarmKernels with cwd={cwd}, the same env and startup): {started}"
+            )
+        km.mha_started_with = "taken"  # a kernel runs one notebook only
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    client = _Client(
+    client = _client(
         nb,
-        km=km,
+        cwd=cwd,
+        honour_tags=honour_tags,
         timeout=timeout,
         kernel_name=kernel_name,
-        resources={"metadata": {"path": str(cwd)}},
-        record_timing=False,
-        # nbclient skips the cells carrying this tag; no cell carries an empty one.
-        skip_cells_with_tag="skip-execution" if honour_tags else "",
-        force_raise_errors=True,  # not even a cell tagged raises-exception may raise
-        extra_arguments=[MINIMAL_TRACEBACKS, *(f"--IPKernelApp.exec_lines={x}" for x in startup)],
+        km=km,
+        startup=startup,
     )
     start = time.perf_counter()
     error = None
@@ -173,7 +230,63 @@ def run(
         if km is not None and km.has_kernel:  # nbclient leaves a kernel it was handed running
             km.shutdown_kernel(now=True)
         atexit.unregister(client._cleanup_kernel)  # left registered when a kernel fails to start
-    return Run(nb, time.perf_counter() - start, error, dict(client.sent))
+    return Run(nb, time.perf_counter() - start, error, dict(client.sent), client.cell_seconds)
+
+
+class WarmKernels:
+    """Kernels started one ahead, for notebooks run one after another: :meth:`take` hands over a
+    kernel that is already started (and has run nothing) and at once starts the next one, which
+    boots while the caller runs a notebook on the one it took. Each kernel serves one run:
+    :func:`run` shuts it down at the end. Use it as a context manager (or call :meth:`close`) so
+    that the kernel started last is shut down too.
+
+    ``new_manager`` makes a kernel manager (one per kernel); ``cwd``, ``env`` and ``startup`` are
+    those of :func:`run`, which must be given the same.
+    """
+
+    def __init__(
+        self,
+        new_manager: Callable[[], Any],
+        *,
+        cwd: Path,
+        env: Mapping[str, str] | None = None,
+        startup: Sequence[str] = (),
+    ) -> None:
+        self.new_manager = new_manager
+        self.cwd, self.env, self.startup = cwd, None if env is None else dict(env), list(startup)
+        self.next: Any = None
+        self.started = 0  # kernels started so far
+        atexit.register(self.close)
+
+    def start(self) -> Any:
+        km = self.new_manager()
+        client = _client(nbformat.v4.new_notebook(), cwd=self.cwd, km=km, startup=self.startup)
+        # nbclient's own start (cwd, extra arguments), as run() would start it; this returns once
+        # the kernel's process is launched, and run() waits for it to answer.
+        client.start_new_kernel(**({"env": self.env} if self.env is not None else {}))
+        km.mha_started_with = _kernel_start(self.cwd, self.env, self.startup)
+        self.started += 1
+        return km
+
+    def take(self) -> Any:
+        """A fresh, started kernel's manager for one :func:`run`; the next kernel starts now."""
+        km = self.next if self.next is not None else self.start()
+        self.next = None
+        self.next = self.start()
+        return km
+
+    def close(self) -> None:
+        """Shut down the kernel started ahead (none is left running)."""
+        if self.next is not None and self.next.has_kernel:
+            self.next.shutdown_kernel(now=True)
+        self.next = None
+        atexit.unregister(self.close)
+
+    def __enter__(self) -> WarmKernels:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 # --- comparing with the stored outputs (nbval's rules) ---------------------------------------
@@ -243,9 +356,9 @@ def _coalesced(outputs: Sequence[nbformat.NotebookNode]) -> list[dict[str, Any]]
                 continue
             streams[out["name"]] = out
         merged.append(out)
-    for out in streams.values():
+    for stream in streams.values():
         # nbval 0.11 also means to apply backspaces, but its loop never runs: \b stays as is.
-        out["text"] = _CARRIAGE_RETURN.sub("", out["text"])
+        stream["text"] = _CARRIAGE_RETURN.sub("", stream["text"])
     return merged
 
 

@@ -45,6 +45,10 @@ import json
 import logging
 import re
 import warnings
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
 
 PAD_INCHES = 0.1  # matplotlib's savefig.pad_inches, which the inline backend's tight bbox adds
 # The font for the Chinese drawing's CJK characters (Debian's fonts-noto-cjk), after each text's
@@ -200,7 +204,9 @@ def chinese_drawing(fig, table: dict[str, str]) -> dict:
         for ticker in (axis.major, axis.minor)
     ]
     originals, families = [], []
-    fonts = {"font.family": [*matplotlib.rcParams["font.family"], CJK_FONT]}  # new tick labels
+    fonts: dict[RcKeyType, Any] = {  # for the tick labels drawn anew
+        "font.family": [*matplotlib.rcParams["font.family"], CJK_FONT]
+    }
     # A missing glyph is a warning for ordinary text and a log line for math text ($…$ makes
     # matplotlib draw the whole label in its math font, which has no CJK): catch both.
     logged = _Lines()

@@ -22,6 +22,7 @@ import re
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any, TypedDict
 
 import nbformat
 import torch
@@ -48,7 +49,17 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
-def run_chapter(path: Path) -> dict[str, object]:
+class ChapterRun(TypedDict):
+    """One chapter executed: passed, wall time, the error, and the claims ``mha.claims`` recorded
+    (each a JSON object: ``name``, ``value``, ``above``, ``below``, ``margin``)."""
+
+    passed: bool
+    seconds: float
+    error: str | None
+    claims: list[dict[str, Any]]
+
+
+def run_chapter(path: Path) -> ChapterRun:
     """Execute one chapter in a fresh kernel (tools/execute_notebook.py), every cell, stopping at
     the first error.
 
@@ -76,7 +87,7 @@ def triton_throughput(quick: bool) -> list[dict[str, object]]:
     from mha import triton_flash
     from mha.lab.timing import time_fn
 
-    rows = []
+    rows: list[dict[str, object]] = []
     lengths = [1024, 2048] if quick else [1024, 2048, 4096, 8192, 16384]
     g = torch.Generator().manual_seed(0)
     for D in (64, 128):
@@ -143,11 +154,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.chapters
         else sorted((REPO / "chapters").glob("[0-9][0-9]_*.ipynb"))
     )
-    result["chapters"] = {}
+    outcomes: dict[str, ChapterRun] = {}
+    result["chapters"] = outcomes
     for path in chapters:
         print(f"{path.name} ...", end=" ", flush=True)
         outcome = run_chapter(path)
-        result["chapters"][path.stem] = outcome  # type: ignore[index]
+        outcomes[path.stem] = outcome
         print(
             ("passed" if outcome["passed"] else "FAILED") + f" in {outcome['seconds']} s",
             flush=True,
@@ -173,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     out = RESULTS / f"{slug(name if cuda else 'cpu')}.json"
     out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {out.relative_to(REPO) if out.is_relative_to(REPO) else out}")
-    failed = [c for c, o in result["chapters"].items() if not o["passed"]]  # type: ignore[union-attr]
+    failed = [c for c, o in outcomes.items() if not o["passed"]]
     return 1 if failed else 0
 
 

@@ -251,8 +251,14 @@ def make_qwen3_next() -> None:
         _save("qwen3_next", case, config, layer_idx, attn, x, positions, out, 5, cached, rotary)
 
 
+def make_gpt_oss_and_variant() -> None:
+    """gpt-oss's fixtures: its own settings, and the variant."""
+    make_gpt_oss()
+    make_gpt_oss_variant()
+
+
 FAMILIES = {
-    "gpt_oss": lambda: (make_gpt_oss(), make_gpt_oss_variant()),
+    "gpt_oss": make_gpt_oss_and_variant,
     "qwen3_next": make_qwen3_next,
     # DeepSeek V3 and V3.2 (MLA, the lightning indexer): tools/hf_fixtures_deepseek.py, whose
     # fixtures go to tests/fixtures/hf/ (section 10.3 reads mha/models/deepseek_v3_hf.json).

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,7 +29,8 @@ OUT = REPO / "tests" / "fixtures" / "hf"
 def _save(name: str, config, module: torch.nn.Module, **arrays) -> None:
     """Write ``<name>.npz``: config JSON, ``sd/<key>`` weights and the given arrays."""
     OUT.mkdir(parents=True, exist_ok=True)
-    data = {"config": np.array(json.dumps(config.to_dict(), default=str))}
+    # Any: a dict[str, ndarray] spread into savez_compressed could, for mypy, fill allow_pickle
+    data: dict[str, Any] = {"config": np.array(json.dumps(config.to_dict(), default=str))}
     for key, value in module.state_dict().items():
         data[f"sd/{key}"] = value.detach().numpy()
     for key, value in arrays.items():
@@ -85,7 +87,7 @@ _DEEPSEEK_TINY = dict(
     rms_norm_eps=1e-6,
 )
 
-_DEEPSEEK_CASES = {
+_DEEPSEEK_CASES: dict[str, dict[str, Any]] = {
     # q LoRA, DeepSeek's interleaved rope layout, YaRN with an mscale that changes the cos/sin
     # (mscale != mscale_all_dim) and the softmax scale (mscale_all_dim)
     "qlora_interleave_yarn": dict(

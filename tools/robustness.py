@@ -30,11 +30,17 @@ import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any, TypedDict
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
-from gpu_check import device_name, run_chapter, slug  # noqa: E402 (tools/ is not a package)
+from gpu_check import (  # noqa: E402 (tools/ is not a package)
+    ChapterRun,
+    device_name,
+    run_chapter,
+    slug,
+)
 
 CONDITIONS = ("one-thread", "all-threads", "busy-core", "memory-stream")
 
@@ -50,6 +56,26 @@ NEIGHBOURS = {
     ),
 }
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+class Run(ChapterRun):
+    """One chapter executed under one condition (the JSON file's ``chapter_runs``)."""
+
+    chapter: str
+    condition: str
+    run: int
+
+
+class Row(TypedDict):
+    """One claim of one chapter across all runs (the JSON file's ``claims``)."""
+
+    chapter: str
+    claim: str
+    bound: str
+    worst_margin: float
+    worst_condition: str | None
+    values: list[float]
+    runs: int
 
 
 @contextlib.contextmanager
@@ -76,7 +102,7 @@ def condition(name: str) -> Iterator[None]:
                 os.environ[variable] = value
 
 
-def run_once(chapter: Path, name: str) -> dict[str, object]:
+def run_once(chapter: Path, name: str) -> ChapterRun:
     """Execute one chapter under one condition; its result holds the claims it recorded."""
     os.environ["MHA_CLAIMS_CONTINUE"] = "1"  # measure every claim, even after one fails
     try:
@@ -86,16 +112,16 @@ def run_once(chapter: Path, name: str) -> dict[str, object]:
         del os.environ["MHA_CLAIMS_CONTINUE"]
 
 
-def worst_margins(runs: Sequence[dict[str, object]]) -> list[dict[str, object]]:
+def worst_margins(runs: Sequence[Run]) -> list[Row]:
     """One row per (chapter, claim): its worst margin, the condition that gave it, value range.
 
     ``runs`` holds dicts with ``chapter``, ``condition`` and ``claims`` (as recorded by
     ``mha.claims``: ``name``, ``value``, ``above``, ``below``, ``margin``). Rows come worst first.
     """
-    rows: dict[tuple[str, str], dict[str, object]] = {}
+    rows: dict[tuple[str, str], Row] = {}
     for run in runs:
-        for c in run["claims"]:  # type: ignore[attr-defined]
-            key = (str(run["chapter"]), c["name"])
+        for c in run["claims"]:
+            key = (run["chapter"], c["name"])
             row = rows.setdefault(
                 key,
                 {
@@ -108,14 +134,14 @@ def worst_margins(runs: Sequence[dict[str, object]]) -> list[dict[str, object]]:
                     "runs": 0,
                 },
             )
-            row["values"].append(c["value"])  # type: ignore[attr-defined]
-            row["runs"] += 1  # type: ignore[operator]
-            if c["margin"] < row["worst_margin"]:  # type: ignore[operator]
+            row["values"].append(c["value"])
+            row["runs"] += 1
+            if c["margin"] < row["worst_margin"]:
                 row["worst_margin"], row["worst_condition"] = c["margin"], run["condition"]
-    return sorted(rows.values(), key=lambda r: r["worst_margin"])  # type: ignore[arg-type,return-value]
+    return sorted(rows.values(), key=lambda r: r["worst_margin"])
 
 
-def _bound(c: dict[str, object]) -> str:
+def _bound(c: dict[str, Any]) -> str:
     above, below = c.get("above"), c.get("below")
     if above is not None and below is not None:
         return f"in ({above:g}, {below:g})"
@@ -128,7 +154,7 @@ def chapter_number(stem: str) -> str:
     return match.group().replace("_", ".") if match else stem
 
 
-def table(rows: Sequence[dict[str, object]], min_margin: float) -> str:
+def table(rows: Sequence[Row], min_margin: float) -> str:
     """The rows as a Markdown table, worst margin first."""
     lines = [
         "| chapter | claim | bound | values (min–max) | runs | worst margin | under |",
@@ -136,16 +162,16 @@ def table(rows: Sequence[dict[str, object]], min_margin: float) -> str:
     ]
     for r in rows:
         values = r["values"]
-        flag = "" if r["worst_margin"] >= min_margin else " ✗"  # type: ignore[operator]
+        flag = "" if r["worst_margin"] >= min_margin else " ✗"
         lines.append(
-            f"| {chapter_number(str(r['chapter']))} | {r['claim']} | {r['bound']}"
-            f" | {min(values):.3g}–{max(values):.3g} | {r['runs']}"  # type: ignore[type-var,arg-type]
+            f"| {chapter_number(r['chapter'])} | {r['claim']} | {r['bound']}"
+            f" | {min(values):.3g}–{max(values):.3g} | {r['runs']}"
             f" | {r['worst_margin']:.2f}{flag} | {r['worst_condition']} |"
         )
     return "\n".join(lines)
 
 
-def save(runs: Sequence[dict[str, object]], args: argparse.Namespace) -> Path:
+def save(runs: Sequence[Run], args: argparse.Namespace) -> Path:
     """Write the runs so far and their worst margins to the JSON file (after every run, so that
     an interrupted run keeps what it measured)."""
     output = args.output or REPO / "results" / "robustness" / f"{slug(device_name())}.json"
@@ -154,7 +180,7 @@ def save(runs: Sequence[dict[str, object]], args: argparse.Namespace) -> Path:
     summary = {
         "device": device_name(),
         "date": dt.date.today().isoformat(),
-        "conditions": sorted({str(r["condition"]) for r in runs}),
+        "conditions": sorted({r["condition"] for r in runs}),
         "runs": len(runs),
         "min_margin": args.min_margin,
         "claims": rows,
@@ -165,7 +191,7 @@ def save(runs: Sequence[dict[str, object]], args: argparse.Namespace) -> Path:
     return output
 
 
-def failures_of(runs: Sequence[dict[str, object]]) -> list[str]:
+def failures_of(runs: Sequence[Run]) -> list[str]:
     return [
         f"{r['chapter']} ({r['condition']}, run {r['run']}): {r['error']}"
         for r in runs
@@ -173,13 +199,13 @@ def failures_of(runs: Sequence[dict[str, object]]) -> list[str]:
     ]
 
 
-def report(runs: Sequence[dict[str, object]], args: argparse.Namespace) -> int:
+def report(runs: Sequence[Run], args: argparse.Namespace) -> int:
     """Print the table of worst margins, write the JSON file, return the exit status."""
     rows = worst_margins(runs)
     failures = failures_of(runs)
     print()
     print(table(rows, args.min_margin))
-    weak = [r for r in rows if r["worst_margin"] < args.min_margin]  # type: ignore[operator]
+    weak = [r for r in rows if r["worst_margin"] < args.min_margin]
     output = save(runs, args)
     print(
         f"\n{len(rows)} claims, {len(weak)} below margin {args.min_margin},"
@@ -215,8 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.merge:
-        runs = [r for f in args.merge for r in json.loads(f.read_text())["chapter_runs"]]
-        return report(runs, args)
+        merged = [r for f in args.merge for r in json.loads(f.read_text())["chapter_runs"]]
+        return report(merged, args)
 
     chapters = sorted((REPO / "chapters").glob("[0-9]*.ipynb"))
     if args.chapters:
@@ -224,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not chapters:
         parser.error(f"no chapter matches {args.chapters}")
 
-    runs: list[dict[str, object]] = []
+    runs: list[Run] = []
     total = args.runs * len(args.conditions) * len(chapters)
     for i in range(args.runs):
         for name in args.conditions:
@@ -234,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 status = "ok" if result["passed"] else f"FAILED: {result['error']}"
                 print(
                     f"[{len(runs)}/{total}] {chapter.stem:<32} {name:<13} run {i + 1}:"
-                    f" {result['seconds']:6.1f} s, {len(result['claims'])} claims, {status}",  # type: ignore[arg-type]
+                    f" {result['seconds']:6.1f} s, {len(result['claims'])} claims, {status}",
                     flush=True,
                 )
                 save(runs, args)

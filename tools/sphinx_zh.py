@@ -17,7 +17,7 @@ word, while the index holds 位置 and 编码. This extension fixes both ends:
 "Color mode", "Link to this heading" ...) and translate "Print to PDF" the Taiwan way (列印成 PDF);
 INTERFACE puts zh_CN wording in front of every catalogue. (The strings set by configuration, such
 as sphinx-togglebutton's "Click to show" and myst-nb's "Show code cell source", are in
-tools/translate.py's chinese_config; the wide-table hint is in _static/book.js.)
+tools/translation_book.py's chinese_config; the wide-table hint is in _static/book.js.)
 
 **Edit links.** A Chinese page is generated: "Suggest edit" opens its translation file,
 `i18n/zh/<stem>.yml` (the glossary page: `i18n/zh/glossary.yml`), not the generated notebook.
@@ -29,6 +29,7 @@ import re
 from gettext import GNUTranslations, NullTranslations
 from pathlib import Path
 
+import jieba
 from sphinx import locale
 from sphinx.search import languages
 from sphinx.search.zh import SearchChinese
@@ -68,6 +69,19 @@ class SearchChineseWords(SearchChinese):
     """Sphinx's Chinese search, keeping one-character Chinese words and splitting the query."""
 
     js_splitter_code = SPLITTER
+
+    def init(self, options: dict[str, str]) -> None:
+        super().init(options)
+        # Sphinx 7.4 keeps every Latin word it has seen in a class-level list and looks each word
+        # up in it when stemming: quadratic in the book's length (the Chinese book took 5x the
+        # English one to write). A set of this index's own words answers the same question.
+        self.latin_terms: set[str] = set()  # type: ignore[assignment]
+
+    def split(self, input: str) -> list[str]:
+        chinese = list(jieba.cut_for_search(input))
+        latin = [term.strip() for term in self.latin1_letters.findall(input)]
+        self.latin_terms.update(latin)
+        return chinese + latin
 
     def word_filter(self, stemmed_word: str) -> bool:
         if HAN.match(stemmed_word):
@@ -110,6 +124,7 @@ def zh_cn_interface(app) -> None:
     """Put INTERFACE in front of every message catalogue loaded so far."""
     for translator in locale.translators.values():
         if isinstance(translator, GNUTranslations):
+            # _catalog: the catalogue's own dict of messages, private, so typeshed leaves it out
             translator._catalog.update(INTERFACE)  # type: ignore[attr-defined]
         else:  # no catalogue of this language: English, unless INTERFACE has it
             translator.add_fallback(_Interface())
