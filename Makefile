@@ -38,6 +38,7 @@ NEWEST   := .venv-newest
 NEWEST_PACKAGES := torch numpy matplotlib triton setuptools ipykernel nbclient nbformat pytest pyyaml
 # make test's stages, in order; each prints its wall time, and a summary of them ends the run.
 TEST_STAGES := lint test-unit test-notebooks book test-browser
+DURATIONS := _build/durations
 
 .PHONY: help venv book lint test test-unit test-notebooks test-colab test-newest test-browser mathjax \
         serve execute text translate bench gpu-check test-robust clean
@@ -90,26 +91,33 @@ translate: $(STAMP)
 	$(BIN)/python tools/translate.py check
 
 # The stages run one after another; each prints its wall time when it ends. The first failure
-# stops the run, with the times so far and the stage that failed.
+# stops the run, with the times so far and the stage that failed. Each pytest stage records its
+# tests' durations in $(DURATIONS)/<stage>.json (tests/conftest.py); the run ends with the 15
+# slowest tests of all stages.
 test: $(STAMP) mathjax
-	@summary=""; total=$$(date +%s); \
+	@summary=""; total=$$(date +%s); rm -rf $(DURATIONS); \
 	for stage in $(TEST_STAGES); do \
 		start=$$(date +%s); \
-		$(MAKE) --no-print-directory $$stage; status=$$?; \
+		MHA_TEST_DURATIONS=$(DURATIONS)/$${stage#test-}.json $(MAKE) --no-print-directory $$stage; \
+		status=$$?; \
 		line=$$(printf '%-15s %5d s' "$$stage" $$(( $$(date +%s) - start ))); \
 		[ $$status -eq 0 ] || line="$$line  FAILED"; \
 		echo "== make $$line"; summary="$$summary$$line\n"; \
 		if [ $$status -ne 0 ]; then printf "\nmake test FAILED:\n$$summary"; exit $$status; fi; \
 	done; \
-	printf "\nmake test passed, stage times (wall clock):\n$$summary%-15s %5d s\n" total $$(( $$(date +%s) - total ))
+	printf "\nmake test passed, stage times (wall clock):\n$$summary%-15s %5d s\n\n" total $$(( $$(date +%s) - total )); \
+	$(BIN)/python tools/slowest_tests.py $(DURATIONS)
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check mha tests tools
 	$(BIN)/ruff check mha tests tools
 	$(BIN)/mypy
 
+# On every core (pytest-xdist, a test file per worker at a time), then the tests marked serial
+# (they measure time or memory) in a second pytest, alone.
 test-unit: $(STAMP)
-	$(BIN)/pytest -m "not browser" --ignore=$(NOTEBOOK_TEST) tests
+	$(BIN)/pytest -n auto --dist loadfile -m "not browser and not serial" --ignore=$(NOTEBOOK_TEST) tests
+	$(BIN)/pytest -m "serial and not browser" --ignore=$(NOTEBOOK_TEST) tests
 
 # Each chapter executed once, as Colab's "Run all" does it: a fresh kernel per chapter (started while
 # the chapter before runs) that imports a fake google.colab, so the setup cell %pip-installs mha from

@@ -1,13 +1,16 @@
-"""Shared fixtures: the repository layout, the book's configuration, and the CI switch.
+"""Shared fixtures: the repository layout, the book's configuration, and the CI switch; the
+``serial`` marker; each test's duration recorded for ``make test``.
 
 Run the tests through the Makefile (`make test`), or directly:
-    .venv/bin/pytest -m "not browser" tests        # unit tests and notebook guards
-    .venv/bin/pytest -m browser tests               # the built book in headless Chromium
+    .venv/bin/pytest -n auto -m "not browser and not serial" tests   # unit tests, notebook guards
+    .venv/bin/pytest -m "serial and not browser" tests               # ... that measure: one process
+    .venv/bin/pytest -m browser tests                                 # the built book in Chromium
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 import subprocess
@@ -25,6 +28,58 @@ REPO = Path(__file__).resolve().parents[1]
 # when it is first imported: set it before any test module can import triton.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+# --- serial tests ------------------------------------------------------------------------------
+
+SERIAL = (
+    "serial: measures time or memory (or bounds how long processes take): make test-unit runs it "
+    "in a pytest of its own, without pytest-xdist, so that no other test runs beside it"
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", SERIAL)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:  # the workers share the cores: each takes its part of them, not all of them
+        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a pytest-xdist worker another test runs beside each one: a serial test is skipped."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        skip = pytest.mark.skip(reason="serial: run it without -n (make test-unit does)")
+        for item in items:
+            if item.get_closest_marker("serial"):
+                item.add_marker(skip)
+
+
+# --- every test's duration, for make test ----------------------------------------------------------
+# With MHA_TEST_DURATIONS naming a JSON file (make test names _build/durations/<stage>.json for
+# each of its pytest stages), the session adds to that file how long each test took, phase by
+# phase (setup, call, teardown); tools/slowest_tests.py lists the slowest. Under pytest-xdist the
+# workers' reports reach the controlling process, which alone writes the file.
+
+DURATIONS = "MHA_TEST_DURATIONS"
+_durations: dict[str, dict[str, float]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _durations.setdefault(report.nodeid, {})[report.when] = round(report.duration, 4)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    path = os.environ.get(DURATIONS)
+    if path and not os.environ.get("PYTEST_XDIST_WORKER"):
+        add_durations(Path(path), _durations)
+
+
+def add_durations(path: Path, durations: dict[str, dict[str, float]]) -> None:
+    """Merge ``durations`` (test id -> phase -> seconds) into the JSON file ``path``."""
+    recorded = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    recorded.update(durations)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def randn(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> torch.Tensor:

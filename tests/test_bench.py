@@ -20,6 +20,10 @@ import torch
 
 from mha.lab import bench, fit, memory, timing
 
+# Every test here measures time or memory, or belongs with those that do: none runs beside
+# another test (make test-unit runs them in a pytest without -n).
+pytestmark = pytest.mark.serial
+
 MiB = memory.MiB
 ROOT = Path(__file__).resolve().parents[1]
 

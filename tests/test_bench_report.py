@@ -43,6 +43,7 @@ def test_check_pass_fail_and_text():
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # it times every target (and asserts none of the times)
 def test_command_line_quick_report():
     proc = subprocess.run(
         [sys.executable, "tools/bench_report.py", "--quick", "--strict"],

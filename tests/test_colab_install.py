@@ -46,7 +46,10 @@ def versions(python: Path, cwd: Path) -> dict[str, str]:
     return json.loads(run([str(python), "-c", code], cwd).strip().splitlines()[-1])
 
 
-def test_colab_style_install_keeps_torch_and_numpy(tmp_path):
+def test_colab_style_install_keeps_torch_and_numpy(tmp_path, monkeypatch):
+    # Colab's Python has no PYTHONPATH; one pointing at a checkout (to test it without
+    # installing it) would make mha importable in the stand-in before the install.
+    monkeypatch.delenv("PYTHONPATH", raising=False)
     options, name, url = pip_command_of_setup_cell()
     assert name == "mha" and url.startswith("https://"), (name, url)
 

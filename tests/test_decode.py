@@ -121,6 +121,7 @@ def test_module_gqa_backends_agree_with_repeated_heads(backend):
         assert_close(layer(x, is_causal=True)[0], separate_projections(layer, x))
 
 
+@pytest.mark.serial  # measures memory
 def test_gqa_decode_step_does_not_allocate_the_repeated_heads():
     # One query against 1024 cached keys of 1 key/value head shared by 8 query heads: repeating
     # the heads would allocate 2 · 8 · 1024 · 64 floats (4 MiB); the grouped path needs none.

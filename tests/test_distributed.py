@@ -21,6 +21,10 @@ import mha
 from mha import distributed
 from mha.lab import processes
 
+# Each launch is bounded in time, and up to four processes share the cores: none runs beside
+# another test (make test-unit runs these in a pytest without -n).
+pytestmark = pytest.mark.serial
+
 B, H, HKV, L, D = 2, 4, 2, 24, 8
 E = H * D
 CASES = [  # (name, ring options, GQA)

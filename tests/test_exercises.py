@@ -1,23 +1,30 @@
 """The exercise checkers, tested from their declarations.
 
-Generated for every exercise of :data:`mha.exercises.EXERCISES` (chapters 1-9): it declares at
-least two correct variants, each passes with the success line the notebooks store, every declared
-mistake fails with its own hint, and the notebook's stub prints "not attempted yet" without
-raising; the checkers the chapters' solutions call are exactly the declared ones. The harness's
-common paths (crash, NaN, shape, dtype, non-tensor, wrong kind of argument) are tested once; what a
-declaration cannot say (a crash quoted back, the generic hint, the post's own buggy class, the
-global RNG left alone) is tested explicitly below. Banned functions: ``test_exercises_bans.py``.
+Generated for every exercise of :data:`mha.exercises.EXERCISES`: it declares at least two correct
+variants, each passes with the success line the notebooks store, in English and in Chinese (the
+line the Chinese notebooks store), leaving the global RNG alone; every declared mistake fails with
+its own hint, in English and in Chinese; and the notebook's stub prints "not attempted yet"
+without raising; the checkers the chapters' solutions call are exactly the declared ones. Each
+declared answer is computed once: the check runs in English, then again in Chinese on what the
+English run computed (:class:`Replay`), since the language changes the words of a line, never
+what the checker computes. The harness's common paths (crash, NaN, shape, dtype, non-tensor, wrong
+kind of argument) are tested once; what a declaration cannot say (a crash quoted back, the generic
+hint, the post's own buggy class) is tested explicitly below. Banned functions:
+``test_exercises_bans.py``; the Chinese catalogue and the language switch: ``test_exercises_zh.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 import json
 import math
 import re
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import nbformat
 import numpy as np
@@ -43,6 +50,7 @@ from mha.exercises import (
     ch08,
 )
 from mha.exercises._harness import Case, Exercise, Lazy, publish
+from mha.exercises._zh import MESSAGES
 
 sys.path.insert(0, str(REPO / "tools"))
 from fold_solutions import solution_ranges  # noqa: E402 (tools/ joins the path first)
@@ -56,17 +64,18 @@ CHAPTER_NOTEBOOKS = sorted(
 )
 
 
-def _stored_lines() -> set[str]:
-    """Every line the committed notebooks print."""
+def _stored_lines(folder: Path) -> set[str]:
+    """Every line the committed notebooks in ``folder`` print."""
     lines = set()
-    for path in sorted((REPO / "chapters").glob("*.ipynb")):
+    for path in sorted(folder.glob("*.ipynb")):
         for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
             for out in cell.get("outputs", []):
                 lines.update("".join(out.get("text", "")).splitlines())
     return lines
 
 
-STORED_LINES = _stored_lines()
+STORED_LINES = _stored_lines(REPO / "chapters")
+STORED_LINES_ZH = _stored_lines(REPO / "zh" / "chapters")  # the Chinese edition's notebooks
 
 
 def declared(kind: str) -> list:
@@ -108,21 +117,188 @@ def test_declaration_has_two_variants_and_its_mistakes(ex):
         )
 
 
+class Replay:
+    """What a check computes, recorded in one run and handed back to a second run of it.
+
+    A check asks for what it computes through an exercise's ``cases`` (its inputs) and two
+    methods of :class:`Exercise`: ``_truth`` (the reference's output) and ``_output`` (what the
+    learner's answer, or a known mistake it is compared with, gives on a case). While
+    :meth:`recording`, their results are kept in the order they are asked for; while
+    :meth:`replaying`, the same requests, in the same order (checked: which exercise, which case,
+    which answer), get the recorded results instead of computing them again. A request that raised
+    while recording (a banned function called, an answer of the wrong kind) runs again for real,
+    so that its message is made in the language of the second run. Outside both, everything runs
+    as usual.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.mode: str | None = None
+        self.tape: list[tuple[tuple, bool, object]] = []  # (request, returned?, result)
+        self.position = 0
+        truth, output = Exercise._truth, Exercise._output
+
+        def replayed_truth(ex: Exercise, *args: object, **kwargs: object) -> object:
+            request = ("reference", ex.name, len(args), tuple(kwargs))
+            return self._step(request, lambda: truth(ex, *args, **kwargs))
+
+        def replayed_output(ex: Exercise, answer: object, case: Case) -> object:
+            # a function answer is itself (declared once); a value answer (a prediction) its type
+            who = answer if callable(answer) else type(answer)
+            return self._step(
+                ("output", ex.name, case.label, who), lambda: output(ex, answer, case)
+            )
+
+        def replayed_cases(ex: Exercise, cases):
+            return lambda: self._step(("cases", ex.name), lambda: list(cases()))
+
+        monkeypatch.setattr(Exercise, "_truth", replayed_truth)
+        monkeypatch.setattr(Exercise, "_output", replayed_output)
+        for ex in EXERCISES:  # a field of each (frozen) exercise, not a method of the class
+            monkeypatch.setitem(vars(ex), "cases", replayed_cases(ex, ex.cases))
+
+    def _step(self, request: tuple, compute) -> object:
+        if self.mode == "record":
+            try:
+                result = compute()
+            except BaseException:
+                self.tape.append((request, False, None))
+                raise
+            self.tape.append((request, True, result))
+            return result
+        if self.mode == "replay":
+            assert self.position < len(self.tape), f"the second run asks for more: {request}"
+            recorded, returned, result = self.tape[self.position]
+            self.position += 1
+            assert recorded == request, f"the second run asks for {request}, the first {recorded}"
+            return result if returned else compute()
+        return compute()
+
+    @contextlib.contextmanager
+    def recording(self):
+        self.mode, self.tape, self.position = "record", [], 0
+        try:
+            yield
+        finally:
+            self.mode = None
+
+    @contextlib.contextmanager
+    def replaying(self):
+        self.mode = "replay"
+        try:
+            yield
+        finally:
+            self.mode = None
+        assert self.position == len(self.tape), "the second run asked for less than the first"
+
+
+@pytest.fixture
+def replay(monkeypatch) -> Replay:
+    return Replay(monkeypatch)
+
+
+@contextlib.contextmanager
+def in_chinese():
+    mha.exercises.set_language("zh")
+    try:
+        yield
+    finally:
+        mha.exercises.set_language("en")
+
+
 @pytest.mark.parametrize(("ex", "index"), declared("variants"))
-def test_variant_is_accepted_with_the_stored_success_line(ex, index, capsys):
-    ex.check(ex.as_answer(ex.variants[index]))
+def test_variant_is_accepted_with_its_stored_line_in_english_and_chinese(ex, index, replay, capsys):
+    answer = ex.as_answer(ex.variants[index])
+    rng = torch.random.get_rng_state()
+    with replay.recording():
+        ex.check(answer)
+    assert torch.equal(torch.random.get_rng_state(), rng), f"{ex.name} moved the global RNG"
     out = capsys.readouterr().out
     assert out.startswith(f"✓ {ex.name}: correct — ") and out.count("\n") == 1, out
     assert out.rstrip("\n") in STORED_LINES, f"the notebooks do not print {out!r}"
+    with in_chinese(), replay.replaying():
+        ex.check(answer)
+    out = capsys.readouterr().out
+    assert out.startswith(f"✓ {ex.name}：正确——") and out.count("\n") == 1, out
+    if isinstance(ex.success, str) and ex.success:
+        assert out == f"✓ {ex.name}：正确——{MESSAGES[ex.success]}\n"
+    assert out.rstrip("\n") in STORED_LINES_ZH, f"the Chinese notebooks do not print {out!r}"
 
 
 @pytest.mark.parametrize(("ex", "index"), declared("mistakes"))
-def test_mistake_is_rejected_with_its_hint(ex, index):
+def test_mistake_is_rejected_with_its_hint_in_english_and_chinese(ex, index, replay):
     fn, hint = ex.mistakes[index]
-    with pytest.raises(ExerciseError) as err:
-        ex.check(ex.as_answer(fn))
-    assert hint in str(err.value)
-    assert isinstance(err.value, AssertionError)
+    answer = ex.as_answer(fn)
+    with replay.recording(), pytest.raises(ExerciseError) as english:
+        ex.check(answer)
+    assert hint in str(english.value)
+    assert isinstance(english.value, AssertionError)
+    with in_chinese(), replay.replaying(), pytest.raises(ExerciseError) as chinese:
+        ex.check(answer)
+    assert MESSAGES[hint] in str(chinese.value), (hint, str(chinese.value))
+
+
+@pytest.mark.parametrize(
+    ("lines", "prefix"),
+    [(STORED_LINES, ": correct — "), (STORED_LINES_ZH, "：正确——")],
+    ids=["en", "zh"],
+)
+def test_the_notebooks_show_one_success_line_per_checker(lines, prefix):
+    """With the variants' lines among the stored ones (above), the line a notebook shows for a
+    checker is the one it prints."""
+    shown: dict[str, set[str]] = {}
+    for line in lines:
+        match = re.match(rf"✓ (check_\w+){prefix}", line)
+        if match:
+            shown.setdefault(match.group(1), set()).add(line)
+    assert set(shown) == set(BY_NAME), set(shown) ^ set(BY_NAME)
+    assert {name: len(forms) for name, forms in shown.items() if len(forms) > 1} == {}
+
+
+def _printed(ex: Exercise, answer: object) -> str:
+    """The line a check prints, or the message it raises."""
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            ex.check(answer)
+    except ExerciseError as err:
+        return str(err)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "index"),
+    [
+        ("check_sdpa", "variants", 0),
+        ("check_sdpa", "mistakes", 2),  # found after trying the mistakes before it
+        ("check_softmax", "mistakes", 7),  # torch.softmax: a banned call, run again for real
+        ("check_mha_shape_predictions", "mistakes", 1),  # a prediction, several wrong parts
+        ("check_backward_fix", "mistakes", 1),  # three outputs compared one by one
+    ],
+)
+def test_a_replayed_check_prints_what_a_real_run_prints(name, kind, index, replay):
+    ex = BY_NAME[name]
+    declared_answer = getattr(ex, kind)[index]
+    answer = ex.as_answer(declared_answer if kind == "variants" else declared_answer.fn)
+    with in_chinese():
+        real = _printed(ex, answer)
+    with replay.recording():
+        _printed(ex, answer)
+    with in_chinese(), replay.replaying():
+        assert _printed(ex, answer) == real
+    assert replay.tape, "nothing was recorded"
+
+
+def test_a_replay_fails_when_the_second_run_asks_for_other_outputs(replay):
+    with replay.recording():
+        TOY.check(TOY.variants[0])
+    with pytest.raises(AssertionError, match="the second run asks for .*the first"):
+        with replay.replaying():
+            TOY.check(TOY.variants[1])  # another answer: its outputs were never recorded
+    with replay.recording():
+        TOY.check(TOY.variants[0])
+    with pytest.raises(AssertionError, match="asked for less than the first"):
+        with replay.replaying():
+            pass  # a second run that asks for nothing
 
 
 @pytest.mark.parametrize("ex", EXERCISES, ids=lambda ex: ex.name)
@@ -361,22 +537,6 @@ def test_head2_prediction_rejects(answer, hint):
 def test_permuted_outputs_rejects(fn, hint):
     with pytest.raises(ExerciseError, match=hint):
         mha.exercises.check_permuted_outputs(fn)
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        "check_permuted_outputs",
-        "check_multi_head_forward",
-        "check_seed_mha_fix",
-        "check_mha_shape_predictions",
-    ],
-)
-def test_checkers_leave_the_global_rng_alone(name):
-    torch.manual_seed(0)
-    before = torch.random.get_rng_state()
-    BY_NAME[name].check(BY_NAME[name].accepted_answer())
-    assert torch.equal(torch.random.get_rng_state(), before)
 
 
 # --- chapter 2 ----------------------------------------------------------------------------------

@@ -85,6 +85,7 @@ def test_flops_grow_linearly_in_the_length():
     assert flops[1] == 2 * flops[0] and flops[2] == 2 * flops[1]
 
 
+@pytest.mark.serial  # measures memory
 def test_no_length_by_length_matrix_in_memory():
     n = 2048
     q, k, v = qkv((1,), n, n, 16, 16, dtype=torch.float32)
