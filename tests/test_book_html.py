@@ -283,6 +283,57 @@ def figure_problems(tree: LexborHTMLParser, file: Path, root: Path) -> list[str]
     return problems
 
 
+# --- which pages dark mode is checked on -------------------------------------------------------------
+# Dark mode changes colours only: the theme swaps CSS variables under [data-theme=dark]; markup,
+# names and layout stay as they are, so of axe's rules only the two that read colours can find
+# something new in it (tests/test_browser.py: COLOUR_RULES). Which colours an element gets is
+# decided by the style rules that match it, and the book's stylesheets (the theme's, Pygments',
+# the extensions', book.css) select by element, class and ancestors' classes, with inline styles
+# on top. Two elements alike in those (tag, classes, inline style, the set of their ancestors'
+# classes) get the same colours. The browser test runs the colour rules in dark mode on the
+# fewest pages of each edition that hold, between them, every such kind of element of the book
+# (a greedy cover, recomputed from the built pages), instead of on all of them.
+
+
+def colour_kinds(tree: LexborHTMLParser) -> frozenset[tuple]:
+    """The kinds of element of a page, as far as its colours go (above)."""
+    kinds = set()
+    for node in tree.body.traverse(include_text=False) if tree.body else []:
+        if node.tag in ("script", "style", "svg", "path", "-comment"):
+            continue
+        ancestors: set[str] = set()
+        up = node.parent
+        while up is not None and up.tag != "html":
+            ancestors.update((up.attributes.get("class") or "").split())
+            up = up.parent
+        classes = tuple(sorted((node.attributes.get("class") or "").split()))
+        style = (node.attributes.get("style") or "") if node.tag != "img" else ""
+        kinds.add((node.tag, classes, style, frozenset(ancestors)))
+    return frozenset(kinds)
+
+
+def covering_pages(kinds: dict[str, frozenset[tuple]]) -> list[str]:
+    """The fewest pages (greedily: each time the page with the most kinds not yet held, ties to
+    the first) that hold between them every kind of element of ``kinds`` (page -> its kinds)."""
+    left = set().union(*kinds.values()) if kinds else set()
+    chosen = []
+    while left:
+        page = max(kinds, key=lambda p: len(kinds[p] & left))
+        chosen.append(page)
+        left -= kinds[page]
+    return chosen
+
+
+@functools.cache
+def dark_mode_pages() -> frozenset[str]:
+    """The pages of both editions whose phone load also checks dark mode: for each edition, the
+    fewest that hold every kind of element its pages hold (colour_kinds)."""
+    chosen: list[str] = []
+    for pages in (PAGES, [f"zh/{p}" for p in ZH_PAGES]):
+        chosen += covering_pages({path: colour_kinds(built(path)) for path in pages})
+    return frozenset(chosen)
+
+
 # --- every page, both editions ----------------------------------------------------------------------
 
 
@@ -859,3 +910,41 @@ def test_sphinx_scripts_keeps_one_copy_of_each_script():
     assert context["script_files"] is scripts  # the builder's own list, changed in place
     assert [s.filename for s in scripts] == ["_static/a.js", None, "_static/b.js", None]
     assert [s.attributes.get("body") for s in scripts] == [None, thebe, None, "const other = 2"]
+
+
+def test_the_dark_mode_pages_hold_every_kind_of_element():
+    kinds = {
+        "a": frozenset({1, 2}),
+        "b": frozenset({2, 3, 4}),
+        "c": frozenset({1, 5}),
+        "d": frozenset({4}),
+    }
+    chosen = covering_pages(kinds)
+    assert chosen == ["b", "c"]
+    assert set().union(*(kinds[p] for p in chosen)) == set().union(*kinds.values())
+    assert covering_pages({}) == []
+
+
+def test_colour_kinds_tell_apart_what_can_be_coloured_differently():
+    def kinds(html: str) -> frozenset:
+        return colour_kinds(LexborHTMLParser(f"<html><body>{html}</body></html>"))
+
+    plain = kinds('<div class="a"><p>x</p></div>')
+    assert plain == kinds('<div class="a"><p>y</p><p>z</p></div>')  # text and count: alike
+    assert plain != kinds('<div class="b"><p>x</p></div>')  # another ancestor class
+    assert plain != kinds('<div class="a"><p class="c">x</p></div>')  # its own class
+    assert plain != kinds('<div class="a"><p style="color: red">x</p></div>')  # inline style
+    assert plain != kinds('<div class="a"><span>x</span></div>')  # another element
+
+
+@book
+def test_dark_mode_is_checked_on_every_template():
+    """The cover holds the landing page, a chapter's opening page and a section of each edition."""
+    chosen = dark_mode_pages()
+    for prefix in ("", "zh/"):
+        mine = {p for p in chosen if p.startswith("zh/") == bool(prefix)}
+        assert mine, f"no {prefix or 'English '}page in the dark-mode cover"
+        names = [Path(p).name for p in mine]
+        assert any(re.match(r"\d\d_\d_", n) for n in names), f"{prefix}: no section in {names}"
+        assert any(re.match(r"\d\d_[a-z]", n) for n in names), f"{prefix}: no opening page"
+        assert f"{prefix}{ROOT}" in mine, f"{prefix}: the landing page is not in {names}"
