@@ -39,6 +39,8 @@ NEWEST_PACKAGES := torch numpy matplotlib triton setuptools ipykernel nbclient n
 # make test's stages, in order; each prints its wall time, and a summary of them ends the run.
 TEST_STAGES := lint test-unit test-notebooks book test-browser
 DURATIONS := _build/durations
+# The test files that hold a test marked serial (only they are collected for the serial run).
+SERIAL_TESTS = $(shell grep -l 'mark\.serial' tests/test_*.py)
 
 .PHONY: help venv book lint test test-unit test-notebooks test-colab test-newest test-browser mathjax \
         serve execute text translate bench gpu-check test-robust clean
@@ -113,11 +115,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check mha tests tools
 	$(BIN)/mypy
 
-# On every core (pytest-xdist, a test file per worker at a time), then the tests marked serial
-# (they measure time or memory) in a second pytest, alone.
+# On every core (pytest-xdist; each worker takes the next test when it is free), then the tests
+# marked serial (they measure time or memory) in a second pytest, alone.
 test-unit: $(STAMP)
-	$(BIN)/pytest -n auto --dist loadfile -m "not browser and not serial" --ignore=$(NOTEBOOK_TEST) tests
-	$(BIN)/pytest -m "serial and not browser" --ignore=$(NOTEBOOK_TEST) tests
+	$(BIN)/pytest -n auto --dist worksteal -m "not browser and not serial" --ignore=$(NOTEBOOK_TEST) tests
+	$(BIN)/pytest -m "serial and not browser" $(SERIAL_TESTS)
 
 # Each chapter executed once, as Colab's "Run all" does it: a fresh kernel per chapter (started while
 # the chapter before runs) that imports a fake google.colab, so the setup cell %pip-installs mha from
