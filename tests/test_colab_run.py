@@ -29,8 +29,8 @@ of the course. This test reproduces all of it, offline:
   is left as it was. As nothing is installed, the kernels' pip skips its check for conflicts among
   the installed packages (it would read every package's metadata, about 1.5 s of CPU, to check
   nothing: it checks only the packages an install changes).
-* Kernels started one ahead (execute_notebook.WarmKernels): the next notebook's kernel boots while
-  the current notebook runs. Each notebook still gets a fresh kernel of its own, shut down after it.
+* Kernels started one ahead (execute_notebook.WarmKernels): the next notebook's kernel boots, and
+  imports torch, numpy and matplotlib (PRELOAD), while the current notebook runs. Each notebook still gets a fresh kernel of its own, shut down after it.
 
 The checks, all reported together for a chapter:
 
@@ -237,6 +237,13 @@ def colab(tmp_path_factory) -> ColabStandIn:
     return standin
 
 
+# What every kernel imports as it boots, while the notebook before it runs: the packages Colab
+# has preinstalled that every setup cell imports (importing them took about 2.5 s of each setup
+# cell here). Never mha, which the setup cell's %pip must find and the notebook import itself. The
+# kernel's inline backend is chosen before these lines run, so pyplot gets the same backend.
+PRELOAD = ("import torch, numpy, matplotlib.pyplot",)
+
+
 @pytest.fixture(scope="module")
 def kernels(colab):
     """The stand-in's kernels, each started while the notebook before it runs."""
@@ -248,7 +255,7 @@ def kernels(colab):
         return KernelManager(kernel_name="colab-standin", kernel_spec_manager=specs)
 
     with execute_notebook.WarmKernels(
-        new_manager, cwd=colab.content, env=colab_environment()
+        new_manager, cwd=colab.content, env=colab_environment(), startup=PRELOAD
     ) as warm:
         yield warm
 
@@ -294,6 +301,7 @@ def run_as_in_colab(
         timeout=CELL_TIMEOUT,
         km=kernels.take(),
         env=colab_environment(),
+        startup=PRELOAD,
     )
 
 
