@@ -30,7 +30,8 @@ of the course. This test reproduces all of it, offline:
   the installed packages (it would read every package's metadata, about 1.5 s of CPU, to check
   nothing: it checks only the packages an install changes).
 * Kernels started one ahead (execute_notebook.WarmKernels): the next notebook's kernel boots, and
-  imports torch, numpy and matplotlib (PRELOAD), while the current notebook runs. Each notebook still gets a fresh kernel of its own, shut down after it.
+  imports torch, numpy and matplotlib (PRELOAD), while the current notebook runs. Each notebook
+  still gets a fresh kernel of its own, shut down after it.
 
 The checks, all reported together for a chapter:
 
