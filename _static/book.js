@@ -1,5 +1,6 @@
-// The book's own script: a scroll hint on wide tables, and accessibility fixes for HTML that
-// the Sphinx extensions and the theme write. Checked by tests/test_browser.py (axe-core).
+// The book's own script: a scroll hint on wide tables and printed tables, code and printed
+// lines that wrap on a phone with a hanging indent, and accessibility fixes for HTML that the
+// Sphinx extensions and the theme write. Checked by tests/test_browser.py (axe-core).
 "use strict";
 
 (function () {
@@ -30,6 +31,110 @@
         box.removeAttribute("tabindex");
         box.removeAttribute("role");
         box.removeAttribute("aria-label");
+        if (hasHint) hint.remove();
+      }
+    });
+  }
+
+  // On a phone or a tablet (below 960 px, as in book.css) code and printed lines wrap instead of
+  // running off the right edge. Each line of a block becomes a box of its own whose wrapped
+  // part hangs two columns right of the line's own indentation, and a line may break after
+  // ".", "(", "[" and "," (an empty <wbr>), so that a long dotted name breaks between its parts
+  // rather than mid-word. The text stays the same (the copy button copies it unchanged). Printed
+  // output whose lines are aligned in columns (a table) keeps its columns: when it is wider than
+  // the screen it scrolls in its box, under a hint that says so.
+  var NARROW = "(max-width: 959.98px)";
+  var COLUMNS = /\S {2,}\S/;
+  var BREAK_AFTER = /([.(\[,])/;
+
+  function isPrintedTable(pre) {
+    var aligned = pre.textContent.split("\n").filter(function (line) {
+      return COLUMNS.test(line);
+    });
+    return aligned.length >= 2;
+  }
+
+  function textWithBreaks(text) {
+    var frag = document.createDocumentFragment();
+    text.split(BREAK_AFTER).forEach(function (part) {
+      if (!part) return;
+      frag.appendChild(document.createTextNode(part));
+      if (BREAK_AFTER.test(part)) frag.appendChild(document.createElement("wbr"));
+    });
+    return frag;
+  }
+
+  function hangLines(pre) {
+    var lines = [[]];
+    (function walk(node, chain) {
+      node.childNodes.forEach(function (child) {
+        if (child.nodeType === Node.TEXT_NODE) {
+          child.data.split("\n").forEach(function (part, i) {
+            if (i > 0) lines.push([]);
+            if (part) lines[lines.length - 1].push({ text: part, chain: chain });
+          });
+        } else if (child.nodeType === Node.ELEMENT_NODE) {
+          walk(child, chain.concat([child]));
+        }
+      });
+    })(pre, []);
+    var frag = document.createDocumentFragment();
+    lines.forEach(function (line, i) {
+      if (i > 0) frag.appendChild(document.createTextNode("\n"));
+      if (!line.length) return;
+      var text = line.map(function (seg) { return seg.text; }).join("");
+      var box = document.createElement("span");
+      box.className = "book-line";
+      box.style.setProperty("--lead", String(text.length - text.replace(/^ +/, "").length));
+      line.forEach(function (seg) {
+        var target = box;
+        seg.chain.forEach(function (el) {
+          target = target.appendChild(el.cloneNode(false));
+        });
+        target.appendChild(textWithBreaks(seg.text));
+      });
+      frag.appendChild(box);
+    });
+    pre.replaceChildren(frag);
+    pre.classList.add("book-wraps");
+  }
+
+  function wrapLines() {
+    if (!window.matchMedia || !window.matchMedia(NARROW).matches) return;
+    document.querySelectorAll("article div.highlight pre").forEach(function (pre) {
+      if (pre.classList.contains("book-wraps")) return;
+      if (pre.closest(".cell_output") && isPrintedTable(pre)) {
+        pre.classList.add("book-printed-table");
+        return;
+      }
+      hangLines(pre);
+    });
+  }
+
+  // A printed table wider than its box: a hint above it, and the box reachable by keyboard.
+  function markScrollableOutputs() {
+    document.querySelectorAll("pre.book-printed-table").forEach(function (pre) {
+      var box = pre.closest("div.output") || pre.parentNode;
+      var hint = box.previousElementSibling;
+      var hasHint = hint && hint.classList.contains("book-scroll-hint");
+      var scrollable = pre.scrollWidth > pre.clientWidth + 1;
+      pre.classList.toggle("is-scrollable", scrollable);
+      if (scrollable) {
+        pre.setAttribute("tabindex", "0");
+        pre.setAttribute("role", "region");
+        pre.setAttribute("aria-label", chinese ? "输出，可左右滚动" : "Output, scrolls sideways");
+        if (!hasHint) {
+          hint = document.createElement("p");
+          hint.className = "book-scroll-hint";
+          hint.setAttribute("aria-hidden", "true");
+          hint.textContent = chinese
+            ? "输出较宽：左右滚动可查看全部 \u2192"
+            : "Wide output: scroll sideways to see all of it \u2192";
+          box.parentNode.insertBefore(hint, box);
+        }
+      } else {
+        pre.removeAttribute("role");
+        pre.removeAttribute("aria-label");
         if (hasHint) hint.remove();
       }
     });
@@ -139,7 +244,9 @@
     articleSnippets();
     fixAria();
     solutionTitlesToggle();
+    wrapLines();
     markScrollableTables();
+    markScrollableOutputs();
     if (window.ResizeObserver) {
       var preObserver = new ResizeObserver(focusableCodeBlocks);
       document.querySelectorAll("article pre").forEach(function (pre) {
@@ -154,8 +261,14 @@
         observer.observe(box);
         if (box.firstElementChild) observer.observe(box.firstElementChild);
       });
+      // A printed table is re-checked too (one in a folded solution has no width until opened).
+      var outputObserver = new ResizeObserver(markScrollableOutputs);
+      document.querySelectorAll("pre.book-printed-table").forEach(function (pre) {
+        outputObserver.observe(pre);
+      });
     } else {
       window.addEventListener("resize", markScrollableTables);
+      window.addEventListener("resize", markScrollableOutputs);
     }
   }
 

@@ -50,6 +50,7 @@ import importlib
 from .attention import scaled_dot_product_attention, softmax
 from .block import TransformerBlock
 from .decoding import PreallocatedKVCache, flash_decoding, merge_partials
+from .device import quiet_missing_gpu_notice as _quiet_missing_gpu_notice
 from .distributed import TensorParallelAttention, count_traffic, ring_attention
 from .flash import flash_attention, online_softmax_update, tile_schedule
 from .gated_delta import gated_delta_rule
@@ -67,6 +68,10 @@ from .paged import PagedKVCache, paged_attention
 from .rope import apply_rope, rope_frequencies, yarn_frequencies
 from .sparse import topk_keep_mask, topk_sparse_attention
 from .varlen import varlen_attention
+
+# A CUDA build of torch without a GPU (Colab's CPU runtime) logs that it found no CUDA runtime
+# when torch's timer or compiler is first imported: dropped, the setup cell says so already.
+_quiet_missing_gpu_notice()
 
 __version__ = "0.1.0"
 

@@ -20,12 +20,36 @@ the same device; the decision itself is made only here.
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import re
 from dataclasses import dataclass
 
 import torch
 
 __all__ = ["Capabilities", "capabilities", "resolve_device", "triton_version"]
+
+
+class _NoGpuNotice(logging.Filter):
+    """Drops torch's "No CUDA runtime is found, using CUDA_HOME=..." notice.
+
+    A CUDA build of torch on a machine without a GPU (what Colab's CPU runtime installs, with
+    the CUDA toolkit in /usr/local/cuda) logs it as a warning when ``torch.utils.cpp_extension``
+    is first imported, which ``torch.utils.benchmark`` (the course's timer) and ``torch.compile``
+    do. It says only that there is no GPU, which every chapter already prints in its setup cell;
+    in a notebook it would be red text that is no lesson. Every other record of that logger passes.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("No CUDA runtime is found")
+
+
+def quiet_missing_gpu_notice() -> None:
+    """Install :class:`_NoGpuNotice` on torch's ``cpp_extension`` logger (once; ``import mha``
+    does it)."""
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    if not any(isinstance(f, _NoGpuNotice) for f in logger.filters):
+        logger.addFilter(_NoGpuNotice())
+
 
 # The last Triton release whose tl.dot uses the tensor cores of a Turing GPU (compute capability
 # 7.5, Colab's T4); from 3.3 on only 8.0 and newer are supported.

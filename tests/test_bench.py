@@ -97,6 +97,20 @@ def test_profiler_lines_do_not_reach_stderr_but_the_calls_own_output_does(capfd)
     assert err == "written by the measured call\n"
 
 
+def test_kineto_gpu_count_failure_on_a_machine_without_a_gpu_is_dropped(capfd):
+    """A CUDA build of torch without a GPU (Colab's CPU runtime): Kineto writes that it could not
+    count the GPUs when the profiler starts; that line is dropped, the call's own lines are not."""
+
+    def reports():
+        os.write(2, b"ERROR:2026-11-28 10:26:52 25102:25102 DeviceProperties.cpp:56] ")
+        os.write(2, b"gpuGetDeviceCount failed with code 35\n")
+        os.write(2, b"gpuGetDeviceCount failed, said the measured call\n")
+        return torch.ones(10)
+
+    memory.peak_memory(reports, warmup=False)
+    assert capfd.readouterr().err == "gpuGetDeviceCount failed, said the measured call\n"
+
+
 def test_python_warnings_of_the_call_are_not_swallowed():
     def warns():
         warnings.warn("from the measured call", UserWarning, stacklevel=1)

@@ -184,6 +184,18 @@ CODE_OVERFLOW_JS = """selector => [...document.querySelectorAll(selector)]
   .filter(pre => pre.offsetParent !== null && pre.scrollWidth > pre.clientWidth + 1)
   .map(pre => pre.textContent.split('\\n')
                  .reduce((a, b) => (a.length >= b.length ? a : b)).slice(0, 100))"""
+# Printed output wider than its box on a phone, other than a printed table under its scroll hint
+# (_static/book.js wraps other printed lines and puts the hint above a table that overflows).
+OUTPUT_OVERFLOW_JS = """() => [...document.querySelectorAll('article .cell_output pre')]
+  .filter(pre => pre.offsetParent !== null && pre.scrollWidth > pre.clientWidth + 1)
+  .filter(pre => {
+    const box = pre.closest('div.output') || pre.parentNode;
+    const hint = box.previousElementSibling;
+    return !(pre.classList.contains('book-printed-table') && hint
+             && hint.classList.contains('book-scroll-hint') && hint.offsetParent !== null);
+  })
+  .map(pre => pre.textContent.split('\\n')
+                 .reduce((a, b) => (a.length >= b.length ? a : b)).slice(0, 100))"""
 CODE_CELLS = "article div.cell_input pre"
 ALL_CODE = "article div.highlight pre"
 
@@ -587,6 +599,16 @@ def check_code_fits(page, path: str, selector: str, where: str) -> None:
     assert not wide_code, f"{path}: code blocks scroll sideways {where}:\n" + "\n".join(wide_code)
 
 
+def check_printed_output(page, path: str) -> None:
+    """On a phone no printed line runs off the right edge unseen: it wraps, or it is a printed
+    table that scrolls in its box under a hint saying so."""
+    with step("layout checks"):
+        wide = page.evaluate(OUTPUT_OVERFLOW_JS)
+    assert not wide, f"{path}: printed output runs off the right edge with no hint:\n" + (
+        "\n".join(wide)
+    )
+
+
 def check_phone_figures(page, path: str) -> None:
     """Figures keep their proportions when they shrink to the column, shrink to no less than a
     third of their display size (a figure drawn wider than ~1000 px is unreadable there), and
@@ -654,6 +676,18 @@ def check_start_here(page, path: str) -> None:
     assert box and box["y"] + box["height"] <= PHONE["height"], (
         f"{path}: the first link to {first} is {box and round(box['y'])} px down, below the "
         f"first screen ({PHONE['height']} px)"
+    )
+
+
+def check_language_switch_label(page, path: str) -> None:
+    """On a phone the language switch says in words where it goes (中文 on an English page, EN on
+    a Chinese one), not with an icon alone."""
+    switch = page.locator("a.language-switch").first
+    assert switch.is_visible(), f"{path}: no visible language switch on a phone"
+    label = switch.inner_text().strip()
+    expected = "EN" if path.startswith("zh/") else "中文"
+    assert label == expected, (
+        f"{path}: the language switch reads {label!r} on a phone, not {expected!r}"
     )
 
 
@@ -822,7 +856,8 @@ def shot_name(path: str) -> str:
 @pytest.mark.parametrize("path", ALL_PAGES)
 def test_page_on_a_phone(open_phone_page, path):
     """One load of each page of both editions at phone width: typeset math, images loaded, no
-    sideways scrolling, wide content scrolling in its own box, code that wraps, figures in
+    sideways scrolling, wide content scrolling in its own box, code and printed lines that wrap
+    (printed tables scroll under a hint), the language switch labelled, figures in
     proportion, sharp and readable, solutions folded until tapped, Chinese glyphs, axe, the
     navigation drawers from the landing pages, and no script error; and axe's colour rules in
     dark mode on the pages that hold every kind of element of their edition between them
@@ -837,6 +872,7 @@ def test_page_on_a_phone(open_phone_page, path):
             check_chinese_hints(page, path)
     if path in LANDING:
         check_start_here(page, path)
+    check_language_switch_label(page, path)
     check_no_sideways_scroll(page, path)
     check_wide_content(page, path)
     with step("figures and solutions"):
@@ -845,6 +881,7 @@ def test_page_on_a_phone(open_phone_page, path):
         check_figure_text(page, path)
     # No code block scrolls sideways on a phone (code wraps), open solutions included.
     check_code_fits(page, path, ALL_CODE, "on a phone")
+    check_printed_output(page, path)
     check_axe(page, path, "on a phone")
     screenshot(page, f"phone-{shot_name(path)}" if not chinese else shot_name(path))
     if path in dark_mode_pages():  # the pages that hold every kind of element between them

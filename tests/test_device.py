@@ -3,6 +3,8 @@ the CPU. CI has no GPU, so the device queries are replaced by what those GPUs an
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -194,3 +196,17 @@ def _on_cuda(t: torch.Tensor) -> torch.Tensor:
         shape = t.shape
 
     return Fake()  # type: ignore[return-value]  # duck-typed: no CUDA tensor exists in CI
+
+
+def test_the_no_cuda_runtime_notice_is_dropped_and_nothing_else(caplog):
+    """`import mha` quiets one record of torch's cpp_extension logger: the notice a CUDA build
+    without a GPU (Colab's CPU runtime) logs when torch's timer or compiler is first imported."""
+    import mha  # noqa: F401 - installs the filter
+
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    device.quiet_missing_gpu_notice()  # a second call adds no second filter
+    assert sum(isinstance(f, device._NoGpuNotice) for f in logger.filters) == 1
+    with caplog.at_level(logging.WARNING, logger="torch.utils.cpp_extension"):
+        logger.warning("No CUDA runtime is found, using CUDA_HOME='%s'", "/usr/local/cuda")
+        logger.warning("Error checking compiler version for %s", "c++")
+    assert [r.getMessage() for r in caplog.records] == ["Error checking compiler version for c++"]

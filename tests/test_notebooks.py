@@ -519,3 +519,30 @@ def test_code_fits_the_column(notebook):
     assert not long, f"{path.name}: code lines wider than {CODE_COLUMNS} columns:\n" + "\n".join(
         long
     )
+
+
+# A line that asserts, or a measured claim (mha.lab.claims.claim asserts and records it).
+CHECK_LINE_RE = re.compile(r"^\s*assert\b|\bclaim\(", re.MULTILINE)
+MAX_VISIBLE_CHECKS = 2
+FOLDED_TAGS = {"hide-input", "hide-cell", "remove-input", "remove-cell"}
+
+
+def test_teaching_cells_leave_their_checks_to_a_folded_cell(notebook):
+    """Visible cells teach (they print and plot); the asserts and measured claims that prove
+    what they show sit in a folded checks cell beside them (`# @title Checks: …`, shown with its
+    output). A visible cell may still carry a check or two where the check is the lesson."""
+    path, nb = notebook
+    crowded = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or not executed(cell) or source_hidden(cell):
+            continue
+        if FOLDED_TAGS & set(tags(cell)):
+            continue
+        checks = len(CHECK_LINE_RE.findall(cell.source))
+        if checks > MAX_VISIBLE_CHECKS:
+            crowded.append(f"cell {i} ({cell.get('id')}): {checks} asserts/claims")
+    assert not crowded, (
+        f"{path.name}: visible teaching cells with more than {MAX_VISIBLE_CHECKS} asserts or "
+        "claims; move them into a folded checks cell after it (tag hide-input, cellView form, "
+        "source_hidden, first line `# @title Checks: ...`):\n" + "\n".join(crowded)
+    )

@@ -11,6 +11,7 @@ have the same page names, and the Chinese site is copied into the English one at
           root: zh         # the other edition's source folder, relative to this one's
           url: zh/         # the other edition's site, relative to this site's root
           label: 中文       # the link text
+          short_label: 中文 # the link text on a phone (default: label)
           lang: zh-CN      # the other edition's language
 
 A page that the other edition lacks (a chapter not translated yet, the glossary) links to the
@@ -66,6 +67,7 @@ def add_link(app, pagename, templatename, context, doctree) -> None:
         "url": url,
         "lang": lang,
         "label": switch["label"],
+        "short_label": switch.get("short_label", switch["label"]),
         "title": TITLES.get(lang, switch["label"]),
     }
     if target == pagename:

@@ -142,7 +142,13 @@ def chinese_config(config: dict) -> dict:
     conf["nb_code_prompt_hide"] = "隐藏代码"
     conf["html_theme_options"]["search_bar_text"] = "在本书中搜索……"
     conf["html_static_path"] = [f"../{p}" for p in conf["html_static_path"]]
-    conf["language_switch"] = {"root": "..", "url": "../", "label": "English", "lang": "en"}
+    conf["language_switch"] = {
+        "root": "..",
+        "url": "../",
+        "label": "English",
+        "short_label": "EN",
+        "lang": "en",
+    }
     # Sphinx's Chinese search splits words with jieba (requirements.txt), as tools/sphinx_zh_search.py
     # adapts it.
     conf["html_search_language"] = "zh"

@@ -255,11 +255,6 @@ MESSAGES: dict[str, str] = {
     "This skips a key tile some row needs: round the first visible key *down*.": "这跳过了某一行需要的键分块：第一个可见的键要*向下*取整。",
     "This skips a key tile some row needs: the last row sees keys up to itself.": "这跳过了某一行需要的键分块：最后一行能看到直到它自己的键。",
     # check_softmax_kernel
-    # check_backward_delta
-    "with your delta, P * (dP - delta) equals autograd's gradient of the scores": "用你的delta，P * (dP - delta)等于autograd算出的分数的梯度",
-    "delta is the row-wise dot product of grad_out and out: (grad_out * out).sum(-1).": "delta是grad_out与out逐行的点积：(grad_out * out).sum(-1)。",
-    "Sum over dim -1, not -2. delta is the row-wise dot product of grad_out and out: (grad_out * out).sum(-1).": "对dim -1求和，而不是-2。delta是grad_out与out逐行的点积：(grad_out * out).sum(-1)。",
-    "Multiply by out first. delta is the row-wise dot product of grad_out and out: (grad_out * out).sum(-1).": "先乘以out。delta是grad_out与out逐行的点积：(grad_out * out).sum(-1)。",
     # messages made from values (templates)
     "kv_tile_range{args} should return a tuple (lo, hi), got {out!r}.": "kv_tile_range{args}应返回一个元组(lo, hi)，却得到了{out!r}。",
     "this exercise needs Triton: pip install triton": "这个练习需要Triton：pip install triton",
@@ -296,6 +291,11 @@ MESSAGES: dict[str, str] = {
     "dS = P * (dP - δ): row i of the Jacobian, diag(p_i) - p_i p_iᵀ, gives p_ij·(dP_ij - δ_i); P * dP - δ subtracts δ from every key, also where p_ij is tiny.": "dS = P * (dP - δ)：雅可比矩阵的第i行diag(p_i) - p_i p_iᵀ给出p_ij·(dP_ij - δ_i)；P * dP - δ则从每个键上都减去δ，即使p_ij极小的地方也是如此。",
     "dK = dSᵀ·Q·scale: key j collects from every query that scored it, so transpose dS, (S, L) @ (L, D); dS·Q only runs when L = S.": "dK = dSᵀ·Q·scale：键j汇集了每个给它打过分的查询的梯度，所以要转置dS，(S, L) @ (L, D)；dS·Q只在L = S时才能运行。",
     "δ_i = Σ_j p_ij·dP_ij = rowsum(P * dP) (= rowsum(dO * O)): the -p pᵀ part of the softmax's Jacobian weighs each dP_ij by its weight, so rowsum(dP) alone is wrong. dS = P * (dP - δ): row i of the Jacobian, diag(p_i) - p_i p_iᵀ, gives p_ij·(dP_ij - δ_i); P * dP - δ subtracts δ from every key, also where p_ij is tiny.": "δ_i = Σ_j p_ij·dP_ij = rowsum(P * dP)（= rowsum(dO * O)）：softmax雅可比矩阵中的-p pᵀ部分用每个dP_ij自己的权重给它加权，所以单独的rowsum(dP)是错的。dS = P * (dP - δ)：雅可比矩阵的第i行diag(p_i) - p_i p_iᵀ给出p_ij·(dP_ij - δ_i)；P * dP - δ则从每个键上都减去δ，即使p_ij极小的地方也是如此。",
+    # check_backward_delta
+    "with your delta, P * (dP - delta) equals autograd's gradient of the scores": "用你的delta，P * (dP - delta)等于autograd算出的分数的梯度",
+    "delta is the row-wise dot product of grad_out and out: (grad_out * out).sum(-1).": "delta是grad_out与out逐行的点积：(grad_out * out).sum(-1)。",
+    "Sum over dim -1, not -2. delta is the row-wise dot product of grad_out and out: (grad_out * out).sum(-1).": "对dim -1求和，而不是-2。delta是grad_out与out逐行的点积：(grad_out * out).sum(-1)。",
+    "Multiply by out first. delta is the row-wise dot product of grad_out and out: (grad_out * out).sum(-1).": "先乘以out。delta是grad_out与out逐行的点积：(grad_out * out).sum(-1)。",
     # check_weights_tile
     "the tiles equal the full softmax's weights (float64)": "这些分块等于完整softmax的权重（float64）",
     "P_tile = exp(q_tile·k_tileᵀ·scale - lse[..., None]): lse is one number per row.": "P_tile = exp(q_tile·k_tileᵀ·scale - lse[..., None])：lse是每行一个数。",

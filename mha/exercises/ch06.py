@@ -367,44 +367,4 @@ SOFTMAX_KERNEL = Exercise(
 )
 
 
-def _delta_case() -> list[Case]:
-    """Attention in float64, and the delta that autograd's gradient of the scores implies."""
-    g = torch.Generator().manual_seed(60)
-    B, H, L, S, D = 2, 3, 10, 12, 16
-    q, k, v = (torch.randn(B, H, n, D, generator=g, dtype=torch.float64) for n in (L, S, S))
-    grad_out = torch.randn(B, H, L, D, generator=g, dtype=torch.float64)  # dO
-    scores = (q @ k.transpose(-2, -1) / math.sqrt(D)).requires_grad_()  # (B, H, L, S)
-    weights = torch.softmax(scores, dim=-1)  # (B, H, L, S) = P
-    out = weights @ v  # (B, H, L, D) = O
-    (d_scores,) = torch.autograd.grad(out, scores, grad_out)  # dS = P * (dP - delta)
-    # Summed over the keys, P * delta is delta (the weights sum to 1): delta = sum(P * dP - dS).
-    delta = (weights * (grad_out @ v.transpose(-2, -1)) - d_scores).sum(-1).detach()  # (B, H, L)
-    return [Case("backward_delta(out, grad_out)", (out.detach(), grad_out), expected=delta)]
-
-
-_HINT_DELTA = "delta is the row-wise dot product of grad_out and out: (grad_out * out).sum(-1)."
-
-BACKWARD_DELTA = Exercise(
-    "check_backward_delta",
-    "with your delta, P * (dP - delta) equals autograd's gradient of the scores",
-    lambda out, grad_out: (grad_out * out).sum(-1),
-    _delta_case,
-    variants=(
-        lambda out, grad_out: torch.einsum("...ld,...ld->...l", out, grad_out),
-        lambda out, grad_out: (grad_out * out).sum(-1, keepdim=True),
-        lambda out, grad_out: (grad_out.unsqueeze(-2) @ out.unsqueeze(-1)).flatten(-3),
-    ),
-    mistakes=(
-        (lambda out, grad_out: (grad_out * out).sum(-2), "Sum over dim -1, not -2. " + _HINT_DELTA),
-        (lambda out, grad_out: grad_out.sum(-1), "Multiply by out first. " + _HINT_DELTA),
-    ),
-    hint=_HINT_DELTA,
-    atol=1e-9,
-    rtol=1e-9,
-    convert=lambda d: d.squeeze(-1) if isinstance(d, Tensor) and d.shape[-1:] == (1,) else d,
-    params=("backward_delta",),
-    doc="Check ``backward_delta(out, grad_out) -> delta`` (B, H, L), with which P * (dP - "
-    "delta) is the gradient of the scores.",
-)
-
 EXERCISES = publish(globals())

@@ -44,11 +44,14 @@ def _find_device(args: Sequence[object], kwargs: Mapping[str, object]) -> torch.
 
 
 # Lines that the profiler's native layer (Kineto, the CPU allocator) writes straight to file
-# descriptor 2, past Python's sys.stderr: status lines on start and stop, and a one-time notice
-# when the measured call frees a tensor that existed before the profiler started.
+# descriptor 2, past Python's sys.stderr: status lines on start and stop, a one-time notice
+# when the measured call frees a tensor that existed before the profiler started, and, with a
+# CUDA build of torch on a machine without a GPU (Colab's CPU runtime), Kineto's report that it
+# found no GPU to count ("gpuGetDeviceCount failed with code 35").
 _PROFILER_NOISE = re.compile(
     r"profiler_start|profiler_stop|Completed Stage|ActivityProfiler|libkineto|Trace (?:start|duration)"
     r"|Log file: .*libkineto|allocated before the profiling started"
+    r"|DeviceProperties\.cpp.*gpuGetDeviceCount failed"
 )
 
 
