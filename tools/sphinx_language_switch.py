@@ -63,12 +63,19 @@ def add_link(app, pagename, templatename, context, doctree) -> None:
     target = counterpart(root, landing, pagename)
     url = context["pathto"](f"{switch['url']}{target}.html", 1)
     lang = switch["lang"]
+    label = switch["label"]
+    short = switch.get("short_label", label)
+    title = TITLES.get(lang, label)
     context["language_switch"] = {
         "url": url,
         "lang": lang,
-        "label": switch["label"],
-        "short_label": switch.get("short_label", switch["label"]),
-        "title": TITLES.get(lang, switch["label"]),
+        "label": label,
+        "short_label": short,
+        "title": title,
+        # The accessible name holds, as words of its own, every text the link shows (the label on
+        # a wide screen, the short label on a phone), as WCAG 2.5.3 asks (axe-core's
+        # label-content-name-mismatch; it ignores words in parentheses).
+        "name": " — ".join([label if short == label else f"{label}, {short}", title]),
     }
     if target == pagename:
         context["metatags"] = context.get("metatags", "") + (
