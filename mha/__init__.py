@@ -37,7 +37,7 @@ Two folders build on that code, and nothing in it imports them:
 
 * ``mha/lab/`` — the instruments that measure and draw: :mod:`mha.timing`, :mod:`mha.memory`,
   :mod:`mha.bench`, :mod:`mha.fit`, :mod:`mha.claims`, :mod:`mha.hardware`, :mod:`mha.viz`,
-  :mod:`mha.charts`, :mod:`mha.figures`, :mod:`mha.processes` (each is ``mha.lab.<name>``, see :mod:`mha.lab`), and
+  :mod:`mha.charts`, :mod:`mha.figures`, :mod:`mha.shapes`, :mod:`mha.processes` (each is ``mha.lab.<name>``, see :mod:`mha.lab`), and
   :func:`expect_error`, which shows a deliberate error in a notebook without stopping it;
 * ``mha/exercises/`` — :mod:`mha.exercises`, the checkers of your answers to the exercises.
 
@@ -134,6 +134,7 @@ __all__ = [
     "rms_norm",
     "rope_frequencies",
     "scaled_dot_product_attention",
+    "shapes",
     "sliding_window_mask",
     "softmax",
     "tile_schedule",

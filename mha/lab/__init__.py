@@ -12,6 +12,7 @@ here only observes it:
 * :mod:`~mha.lab.viz` — pictures of matrices: weight heatmaps, keep-masks, tiles;
 * :mod:`~mha.lab.charts` — pictures of measurements: log-log curves, ratios, bars;
 * :mod:`~mha.lab.figures` — the book's one-off diagrams (the layer, the head split, the roofline);
+* :mod:`~mha.lab.shapes` — the dimension walk: a layer run step by step, every shape in a table;
 * :mod:`~mha.lab.demo` — show a deliberate error in a notebook without stopping it;
 * :mod:`~mha.lab.processes` — start local processes in a gloo group and run jobs in them.
 
@@ -32,6 +33,7 @@ MODULES = (
     "viz",
     "charts",
     "figures",
+    "shapes",
     "demo",
     "processes",
 )
