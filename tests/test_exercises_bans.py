@@ -430,3 +430,34 @@ def test_watch_sees_a_banned_builtin_called_inside_an_allowed_python_function():
 
     with pytest.raises(ExerciseError), watch((torch.Tensor.softmax,), "banned"):
         helper(torch.ones(3))
+
+
+def test_never_larger_catches_a_whole_score_matrix_in_any_layout_and_lets_tiles_through():
+    from mha.exercises._harness import never_larger
+
+    q, k = torch.randn(2, 48, 8), torch.randn(2, 64, 8)  # (H, L, D), (H, S, D)
+    limit = 48 * 64  # one head's (L, S) scores: no input, output or tile is that large
+    with never_larger(limit, "scores") as seen:
+        for j in range(0, 64, 16):  # tiles of 16 keys: (H, 48, 16)
+            q @ k[:, j : j + 16].transpose(-2, -1)
+    assert seen == []
+    for whole in (
+        lambda: q @ k.transpose(-2, -1),  # (H, L, S)
+        lambda: (q[0] @ k[0].T).flatten(),  # one head, flattened
+        lambda: torch.einsum("hld,hsd->hsl", q, k),  # transposed
+        lambda: (q[:, :, None, :] * k[:, None, :, :]).sum(-1),  # broadcast, no matmul
+    ):
+        with pytest.raises(ExerciseError, match=r"scores \("):
+            with never_larger(limit, "scores {shape}"):
+                whole()
+
+
+def test_never_larger_rejects_an_answer_that_catches_its_error():
+    from mha.exercises._harness import never_larger
+
+    with pytest.raises(ExerciseError, match="too big"):
+        with never_larger(10, "too big"):
+            try:
+                torch.zeros(4, 4) + 1
+            except ExerciseError:
+                pass

@@ -42,6 +42,7 @@ from torch.overrides import TorchFunctionMode
 
 import mha
 
+from .. import validation as validate
 from ._zh import MESSAGES as _ZH
 
 #: The languages the checkers speak: English (the texts in the code) and Chinese (``_zh.py``).
@@ -249,6 +250,44 @@ def watch(banned: Sequence[Callable[..., Any]], message: str) -> Iterator[None]:
         sys.setprofile(previous)
     if tripped:
         raise ExerciseError(message)
+
+
+class _SizeLimit(TorchFunctionMode):
+    """Sees the result of every torch function called while it is active: the torch half of
+    :func:`never_larger`."""
+
+    def __init__(self, limit: int, trip: Callable[[Tensor], None]) -> None:
+        super().__init__()
+        self.limit, self.trip = limit, trip
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, Tensor) and t.numel() >= self.limit:
+                self.trip(t)
+        return out
+
+
+@contextlib.contextmanager
+def never_larger(limit: int, message: str) -> Iterator[list[tuple[int, ...]]]:
+    """Raise ``ExerciseError(message)`` if the code run inside makes a tensor of ``limit``
+    elements or more, with any torch function, method or operator (``@``, ``*``, ``.float()``).
+
+    What a tiled answer proves with it: a checker picks a case whose inputs, output and tiles are
+    all smaller than ``limit = L * S``, so a tensor that large is a whole score matrix (or worse),
+    whatever its layout. ``message`` may hold ``{shape}``, the shape of the first such tensor.
+    Yields the list of the offending shapes, which is empty when the code passed."""
+    limit = validate.positive_int("limit", limit)
+    seen: list[tuple[int, ...]] = []
+
+    def trip(t: Tensor) -> None:
+        seen.append(tuple(t.shape))
+        raise ExerciseError(message.format(shape=tuple(t.shape)))
+
+    with _SizeLimit(limit, trip):
+        yield seen
+    if seen:  # an answer that caught the error is still rejected on the way out
+        raise ExerciseError(message.format(shape=seen[0]))
 
 
 @dataclass(frozen=True)
