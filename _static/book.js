@@ -6,33 +6,50 @@
 (function () {
   var chinese = /^zh/i.test(document.documentElement.lang || "");
 
-  // Wide tables: say that they scroll sideways, and let a keyboard scroll them (a scrollable
-  // box must be focusable). Re-checked when the window changes size.
+  // A box wider than the screen: mark it, let a keyboard scroll it (a scrollable box must be
+  // focusable, and named) and put a visible hint above ``anchor``; undo all that when the box
+  // fits again. A tabindex the theme gave the box itself stays.
+  function markScrollable(box, anchor, label, hintText) {
+    var hint = anchor.previousElementSibling;
+    var hasHint = hint && hint.classList.contains("book-scroll-hint");
+    var scrollable = box.scrollWidth > box.clientWidth + 1;
+    box.classList.toggle("is-scrollable", scrollable);
+    if (scrollable) {
+      if (!box.hasAttribute("tabindex")) {
+        box.setAttribute("tabindex", "0");
+        box.setAttribute("data-book-tabindex", "");
+      }
+      box.setAttribute("role", "region");
+      box.setAttribute("aria-label", label);
+      if (!hasHint) {
+        hint = document.createElement("p");
+        hint.className = "book-scroll-hint";
+        hint.setAttribute("aria-hidden", "true");
+        hint.textContent = hintText;
+        anchor.parentNode.insertBefore(hint, anchor);
+      }
+    } else {
+      if (box.hasAttribute("data-book-tabindex")) {
+        box.removeAttribute("tabindex");
+        box.removeAttribute("data-book-tabindex");
+      }
+      box.removeAttribute("role");
+      box.removeAttribute("aria-label");
+      if (hasHint) hint.remove();
+    }
+  }
+
+  // Wide tables: say that they scroll sideways. Re-checked when the window changes size.
   function markScrollableTables() {
     document.querySelectorAll(".pst-scrollable-table-container").forEach(function (box) {
-      var scrollable = box.scrollWidth > box.clientWidth + 1;
-      var hint = box.previousElementSibling;
-      var hasHint = hint && hint.classList.contains("book-scroll-hint");
-      box.classList.toggle("is-scrollable", scrollable);
-      if (scrollable) {
-        box.setAttribute("tabindex", "0");
-        box.setAttribute("role", "region");
-        box.setAttribute("aria-label", chinese ? "表格，可左右滚动" : "Table, scrolls sideways");
-        if (!hasHint) {
-          hint = document.createElement("p");
-          hint.className = "book-scroll-hint";
-          hint.setAttribute("aria-hidden", "true");
-          hint.textContent = chinese
-            ? "表格较宽：左右滚动可查看全部 \u2192"
-            : "Wide table: scroll sideways to see all of it \u2192";
-          box.parentNode.insertBefore(hint, box);
-        }
-      } else {
-        box.removeAttribute("tabindex");
-        box.removeAttribute("role");
-        box.removeAttribute("aria-label");
-        if (hasHint) hint.remove();
-      }
+      markScrollable(
+        box,
+        box,
+        chinese ? "表格，可左右滚动" : "Table, scrolls sideways",
+        chinese
+          ? "表格较宽：左右滚动可查看全部 \u2192"
+          : "Wide table: scroll sideways to see all of it \u2192"
+      );
     });
   }
 
@@ -111,32 +128,17 @@
     });
   }
 
-  // A printed table wider than its box: a hint above it, and the box reachable by keyboard.
+  // A printed table wider than its box: the same hint, above its output.
   function markScrollableOutputs() {
     document.querySelectorAll("pre.book-printed-table").forEach(function (pre) {
-      var box = pre.closest("div.output") || pre.parentNode;
-      var hint = box.previousElementSibling;
-      var hasHint = hint && hint.classList.contains("book-scroll-hint");
-      var scrollable = pre.scrollWidth > pre.clientWidth + 1;
-      pre.classList.toggle("is-scrollable", scrollable);
-      if (scrollable) {
-        pre.setAttribute("tabindex", "0");
-        pre.setAttribute("role", "region");
-        pre.setAttribute("aria-label", chinese ? "输出，可左右滚动" : "Output, scrolls sideways");
-        if (!hasHint) {
-          hint = document.createElement("p");
-          hint.className = "book-scroll-hint";
-          hint.setAttribute("aria-hidden", "true");
-          hint.textContent = chinese
-            ? "输出较宽：左右滚动可查看全部 \u2192"
-            : "Wide output: scroll sideways to see all of it \u2192";
-          box.parentNode.insertBefore(hint, box);
-        }
-      } else {
-        pre.removeAttribute("role");
-        pre.removeAttribute("aria-label");
-        if (hasHint) hint.remove();
-      }
+      markScrollable(
+        pre,
+        pre.closest("div.output") || pre.parentNode,
+        chinese ? "输出，可左右滚动" : "Output, scrolls sideways",
+        chinese
+          ? "输出较宽：左右滚动可查看全部 \u2192"
+          : "Wide output: scroll sideways to see all of it \u2192"
+      );
     });
   }
 

@@ -546,3 +546,60 @@ def test_teaching_cells_leave_their_checks_to_a_folded_cell(notebook):
         "claims; move them into a folded checks cell after it (tag hide-input, cellView form, "
         "source_hidden, first line `# @title Checks: ...`):\n" + "\n".join(crowded)
     )
+
+
+# The reading times a page states: a section's "**Time:** about N minutes to read" and each
+# station "~N min to read" of its chapter's storyline (the opening page), in both editions, against
+# the reviewers' measure of the learner's path (../shared/tools/reading_time.py: prose words / 200,
+# visible code lines / 10, half a minute per figure, printed lines / 60).
+READING_TIME = REPO.parent / "shared" / "tools" / "reading_time.py"
+SECTION_TIME_RE = re.compile(r"\*\*Time:\*\* about (\d+) minutes to read")
+SECTION_TIME_ZH_RE = re.compile(r"\*\*时间\*\*：阅读约(\d+)分钟")
+STATION_RE = re.compile(r"\{ref\}`([\w-]+)`\n\n[^\n]*\n\n\s*~(\d+) min to read")
+STATION_ZH_RE = re.compile(r"\{ref\}`([\w-]+)`\n\n[^\n]*\n\n\s*阅读约(\d+)分钟")
+
+
+def stated_minutes(path: Path, time_re: re.Pattern, station_re: re.Pattern) -> dict[str, int]:
+    """{section label or "self": minutes} as the notebook at ``path`` states them."""
+    nb = nbformat.read(path, as_version=4)
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    stated = {label: int(n) for label, n in station_re.findall(text)}
+    own = time_re.search(text)
+    if own:
+        stated["self"] = int(own.group(1))
+    return stated
+
+
+def test_stated_reading_times_match_the_learners_path(toc):
+    if not READING_TIME.exists():
+        pytest.skip(f"{READING_TIME} is not beside the repository")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reading_time", READING_TIME)
+    reading_time = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reading_time)
+    measured, label_of = {}, {}
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        measured[path.stem] = reading_time.minutes(nb)[-1]
+        label_of[path.stem] = opening_label(nb)
+    stem_of = {label: stem for stem, label in label_of.items()}
+    problems, stations = [], 0
+    for path in NOTEBOOKS:
+        for edition, time_re, station_re, source in (
+            ("en", SECTION_TIME_RE, STATION_RE, path),
+            ("zh", SECTION_TIME_ZH_RE, STATION_ZH_RE, REPO / "zh" / "chapters" / path.name),
+        ):
+            if not source.exists():
+                continue
+            for label, n in stated_minutes(source, time_re, station_re).items():
+                stem = path.stem if label == "self" else stem_of.get(label)
+                if stem is None:
+                    problems.append(f"{edition} {path.name}: a storyline names {label}, no section")
+                    continue
+                stations += label != "self"
+                m = measured[stem]
+                if abs(n - m) > max(2.0, 0.15 * m):
+                    problems.append(f"{edition} {path.name}: says ~{n} min for {stem}, measured {m:.1f}")
+    assert stations >= 30, f"only {stations} storyline stations found: has their format changed?"
+    assert not problems, "stated reading times off (update them):\n" + "\n".join(problems)
