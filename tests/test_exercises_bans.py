@@ -27,7 +27,7 @@ from torch.nn.functional import scaled_dot_product_attention as sdpa_alias  # li
 import mha
 import mha.exercises
 from mha import apply_rope, decoding, flash, kv_memory, merge_partials, rope  # likewise
-from mha.exercises import EXERCISES, ExerciseError, ch07
+from mha.exercises import EXERCISES, ExerciseError, ch05, ch07
 from mha.exercises._harness import watch
 from mha.gated_delta import gated_delta_rule as gated_delta_alias  # likewise
 from mha.kv_memory import kv_cache_bytes as cache_bytes_alias  # likewise
@@ -118,10 +118,65 @@ SOFTMAX_EVASIONS = {
     "mha.attention.softmax": lambda x, dim=-1: sys.modules["mha.attention"].softmax(x, dim),
 }
 
+
+def _writer_layer_by_private_helper() -> type:
+    """Section 4.4's layer that reaches mha's private attention helper by an import of its own."""
+    from mha.exercises._writer import Reference
+
+    class Layer(Reference):
+        def forward(self, x, real=None, cache=None):
+            from mha.attention import _attention as helper  # imported during the check
+
+            B, L, E = x.shape
+            q, k, v = (
+                p(x).view(B, L, self.num_heads, -1).transpose(1, 2)
+                for p in (self.q_proj, self.k_proj, self.v_proj)
+            )
+            out = helper(q, k, v, None, 0.0, True, self.head_dim**-0.5)
+            return self.out_proj(out.transpose(1, 2).reshape(B, L, E))
+
+    return Layer
+
+
+def _causal_linear_by_private_phi(q, k, v):
+    """Causal linear attention by prefix sums, φ taken from mha.linear_attention's _phi."""
+    from mha.linear_attention import _phi  # imported during the check
+
+    fq, fk = _phi(q), _phi(k)  # (..., L, D)
+    kv = (fk[..., :, None] * v[..., None, :]).cumsum(-3)  # (..., L, D, Dv)
+    return (fq[..., :, None] * kv).sum(-2) / (fq * fk.cumsum(-2)).sum(-1, keepdim=True)
+
+
+def _block_with_its_own_norms(block, x, is_causal=False):
+    """The pre-norm forward, right, but through the block's nn.LayerNorm modules."""
+    x = x + block.attn(block.norm1(x), is_causal=is_causal)[0]
+    return x + block.mlp(block.norm2(x))
+
+
+def _visible_tiles_by_private_schedule(L, S, block_size, window):
+    """One block of query rows at a time, its (rows, S) mask through mha.flash._tile_schedule."""
+    from mha.flash import _tile_schedule  # imported during the check
+
+    grid = torch.zeros(-(-L // block_size), -(-S // block_size), dtype=torch.bool)
+    for r in range(grid.shape[0]):
+        i = torch.arange(r * block_size, min(r * block_size + block_size, L)) + (S - L)
+        behind = i[:, None] - torch.arange(S)[None, :]  # (rows of the block, S)
+        keep = (behind >= 0) & (behind < window)
+        for tile in _tile_schedule(len(i), S, block_size, False, keep):
+            grid[r, tile.k0 // block_size] = True
+    return grid
+
+
 EVASIONS = [
     ("check_softmax", name, answer, "without calling torch.softmax")
     for name, answer in SOFTMAX_EVASIONS.items()
 ] + [
+    (
+        "check_model_that_writes",
+        "mha.attention's private _attention, imported inside the layer's forward",
+        _writer_layer_by_private_helper(),
+        "write the attention yourself",
+    ),
     (
         "check_sdpa",
         "F.sdpa imported under an alias",
@@ -153,6 +208,21 @@ EVASIONS = [
         "mha.flash.online_softmax_update",
         lambda *args: flash.online_softmax_update(*args),
         "without mha.online_softmax_update",
+    ),
+    (
+        "check_flash_forward",
+        "mha.flash.tile_schedule, imported before the check, for the tiles of a correct loop",
+        lambda q, k, v, **kw: (
+            flash.tile_schedule(q.shape[-2], k.shape[-2], block_size=kw["block_k"]),
+            *ch05._flash_by_key_tiles(q, k, v, **kw),
+        )[1:],
+        "write the tile loop yourself",
+    ),
+    (
+        "check_flash_forward",
+        "Tensor.softmax on one tile, the rest of a correct loop around it",
+        lambda q, k, v, **kw: (q[..., :4, :].softmax(-1), *ch05._flash_per_head(q, k, v, **kw))[1:],
+        "write the tile loop yourself",
     ),
     (
         "check_sink_backward",
@@ -202,6 +272,53 @@ EVASIONS = [
         "mha.flash.flash_attention_backward",
         ch07._by_flash_backward,
         "flash_attention_backward",
+    ),
+    (
+        "check_flash_backward",
+        "mha.flash.flash_attention_backward, imported before the check",
+        lambda q, k, v, out, lse, dout, *, is_causal=False, block_q=16, block_k=16: (
+            flash.flash_attention_backward(
+                dout, q, k, v, out, lse, None, is_causal, scale=q.shape[-1] ** -0.5, block_size=8
+            )
+        ),
+        "write the tiled backward yourself",
+    ),
+    (
+        "check_flash_backward",
+        "a private helper of mha.flash (_tile_scores) inside a loop of its own",
+        lambda q, k, v, *rest, **kw: (
+            flash._tile_scores(q, k, flash.Tile(0, 1, 0, 1), None, None),
+            ch07._tiled_backward(q, k, v, *rest, **kw),
+        )[1],
+        "write the tiled backward yourself",
+    ),
+    (
+        "check_flash_backward",
+        "torch's CPU flash attention backward kernel",
+        lambda q, k, v, out, lse, dout, *, is_causal=False, block_q=16, block_k=16: (
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                dout, q, k, v, out, lse, 0.0, is_causal
+            )[:3]
+        ),
+        "write the tiled backward yourself",
+    ),
+    (
+        "check_flash_backward",
+        "the Triton backward's launcher, mha.triton_flash._backward",
+        lambda q, k, v, out, lse, dout, *, is_causal=False, block_q=16, block_k=16: (
+            ch07.triton_flash._backward(
+                dout, q, k, v, out, lse, is_causal, q.shape[-1] ** -0.5, 16, 16, False
+            )
+        ),
+        "write the tiled backward yourself",
+    ),
+    (
+        "check_flash_backward",
+        "torch.func.vjp",
+        lambda q, k, v, out, lse, dout, *, is_causal=False, block_q=16, block_k=16: torch.func.vjp(
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=is_causal), q, k, v
+        )[1](dout),
+        "write the tiled backward yourself",
     ),
     (
         "check_rope",
@@ -346,6 +463,24 @@ EVASIONS = [
         "mha.gated_delta_rule imported under an alias, one token as a sequence",
         lambda state, k, v, g, beta: gated_delta_step_by_library(state, k, v, g, beta),
         "without mha.gated_delta_rule",
+    ),
+    (
+        "check_causal_linear_attention",
+        "mha.linear_attention's private _phi, imported inside",
+        _causal_linear_by_private_phi,
+        "no function of mha.linear_attention",
+    ),
+    (
+        "check_pre_norm_block",
+        "the block's own nn.LayerNorm modules, block.norm1(x)",
+        _block_with_its_own_norms,
+        "do not call the block",
+    ),
+    (
+        "check_visible_tiles",
+        "mha.flash's private _tile_schedule, imported inside, one block of rows at a time",
+        _visible_tiles_by_private_schedule,
+        "no function of mha.flash",
     ),
 ]
 

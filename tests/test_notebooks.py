@@ -600,6 +600,8 @@ def test_stated_reading_times_match_the_learners_path(toc):
                 stations += label != "self"
                 m = measured[stem]
                 if abs(n - m) > max(2.0, 0.15 * m):
-                    problems.append(f"{edition} {path.name}: says ~{n} min for {stem}, measured {m:.1f}")
+                    problems.append(
+                        f"{edition} {path.name}: says ~{n} min for {stem}, measured {m:.1f}"
+                    )
     assert stations >= 30, f"only {stations} storyline stations found: has their format changed?"
     assert not problems, "stated reading times off (update them):\n" + "\n".join(problems)

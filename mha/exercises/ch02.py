@@ -3,9 +3,14 @@ tolerances follow the dtype and the logits' magnitude."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
@@ -14,7 +19,20 @@ from torch import Tensor
 
 import mha
 
-from ._harness import NO_SDPA, Case, Exercise, ExerciseError, as_shape, attend, publish, tr
+from ._harness import (
+    NO_SDPA,
+    Case,
+    Exercise,
+    ExerciseError,
+    as_shape,
+    attend,
+    never_larger,
+    publish,
+    randn64,
+    tr,
+)
+
+linear_attention_module = importlib.import_module("mha.linear_attention")
 
 _SOFTMAXES = ("softmax", "log_softmax")
 _AXIS = "Use `dim` in both the max and the sum, with keepdim=True so that they broadcast back."
@@ -241,5 +259,172 @@ SDPA = Exercise(
     doc="Check a hand-written ``my_attention(q, k, v)`` = softmax(q kᵀ / √D) v against "
     "``F.scaled_dot_product_attention`` (which it must not call): 2-D to 4-D, L ≠ S, D ≠ Dv.",
 )
+
+
+# --- 2.4: causal linear attention by prefix sums ------------------------------------------------
+
+
+class ScoreMatrix(Exception):
+    """An answer made a tensor as large as the (L, L) weights."""
+
+
+@dataclass(frozen=True)
+class _Guarded(Case):
+    """A case run under the guard: no tensor of ``limit`` elements or more."""
+
+    limit: int = 0
+
+
+def _phi(x: Tensor) -> Tensor:
+    return F.elu(x) + 1.0  # (..., L, D), every entry > 0
+
+
+def _causal_linear_quadratic(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The quadratic form: the (L, L) weights φ(q_i)·φ(k_j) for j <= i, rows normalised."""
+    sim = (_phi(q) @ _phi(k).mT).tril()  # (..., L, L), zero above the diagonal
+    return sim / sim.sum(-1, keepdim=True) @ v  # (..., L, Dv)
+
+
+def _masked_quadratic(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The same weights with a causal mask applied to the whole (L, L) matrix."""
+    L = q.shape[-2]
+    future = torch.ones(L, L, dtype=torch.bool).triu(1)  # (L, L) True above the diagonal
+    sim = (F.elu(q) + 1) @ (F.elu(k) + 1).mT  # (..., L, L)
+    weights = sim.masked_fill(future, 0.0)
+    return weights / weights.sum(-1, keepdim=True) @ v
+
+
+def _linear_slip(q: Tensor, k: Tensor, v: Tensor, **slip: bool) -> Tensor:
+    """The prefix-sum form: right without ``slip``, or with one of the usual slips."""
+    fq, fk = (q, k) if slip.get("no_phi") else (_phi(q), _phi(k))  # (..., L, D)
+    kv = fk[..., :, None] * v[..., None, :]  # (..., L, D, Dv): φ(k_j) v_jᵀ per key
+    kv_seen = kv.sum(-3, keepdim=True) if slip.get("all_keys") else kv.cumsum(-3)
+    z_seen = fk.sum(-2, keepdim=True) if slip.get("global_z") else fk.cumsum(-2)  # (..., L, D)
+    if slip.get("exclusive"):  # keys j < i only
+        kv_seen, z_seen = kv_seen - kv, z_seen - fk
+    num = (fq[..., :, None] * kv_seen).sum(-2)  # (..., L, Dv)
+    if slip.get("no_norm"):
+        return num
+    return num / (fq * z_seen).sum(-1, keepdim=True)  # (..., L, Dv)
+
+
+def _linear_by_loop(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The recurrent form: a running (D, Dv) state and a running (D,) normaliser."""
+    fq, fk = F.elu(q) + 1, F.elu(k) + 1
+    state = q.new_zeros(*q.shape[:-2], q.shape[-1], v.shape[-1])  # (..., D, Dv)
+    z = q.new_zeros(*q.shape[:-2], q.shape[-1])  # (..., D)
+    rows = []
+    for i in range(q.shape[-2]):
+        state = state + fk[..., i, :, None] * v[..., i, None, :]
+        z = z + fk[..., i, :]
+        num = torch.einsum("...d,...de->...e", fq[..., i, :], state)  # (..., Dv)
+        rows.append(num / (fq[..., i, :] * z).sum(-1, keepdim=True))
+    return torch.stack(rows, -2)  # (..., L, Dv)
+
+
+def _linear_by_chunks(q: Tensor, k: Tensor, v: Tensor, chunk: int = 16) -> Tensor:
+    """Chunks of 16 keys: a small masked matrix inside a chunk, a carried state across chunks."""
+    fq, fk = F.elu(q) + 1, F.elu(k) + 1
+    state = torch.einsum("...ld,...le->...de", fk[..., :0, :], v[..., :0, :])  # (..., D, Dv) zeros
+    z = fk[..., :0, :].sum(-2)  # (..., D) zeros
+    outs = []
+    for c0 in range(0, q.shape[-2], chunk):
+        qc, kc, vc = (
+            fq[..., c0 : c0 + chunk, :],
+            fk[..., c0 : c0 + chunk, :],
+            v[..., c0 : c0 + chunk, :],
+        )
+        sim = torch.tril(qc @ kc.mT)  # (..., c, c): inside the chunk only
+        num = sim @ vc + qc @ state  # (..., c, Dv)
+        den = sim.sum(-1, keepdim=True) + (qc * z[..., None, :]).sum(-1, keepdim=True)
+        outs.append(num / den)
+        state, z = state + kc.mT @ vc, z + kc.sum(-2)
+    return torch.cat(outs, -2)  # (..., L, Dv)
+
+
+def _causal_linear_cases() -> list[Case]:
+    """Float64 inputs small enough in B·H·D·Dv that the prefix sums (..., L, D, Dv) stay under
+    one (L, L) matrix, so the guard catches only the weights."""
+    g = torch.Generator().manual_seed(24)
+    specs = (((64,), 4, 3), ((2, 64), 4, 3), ((1, 2, 96), 4, 5), ((3, 80), 5, 4))
+    cases: list[Case] = []
+    for (*batch, L), D, Dv in specs:
+        q, k = randn64(g, *batch, L, D) * 1.5, randn64(g, *batch, L, D) * 1.5
+        v = randn64(g, *batch, L, Dv)
+        shape = (*batch, L, D)
+        label = f"my_causal_linear(q, k, v) with q {shape}, Dv = {Dv}"
+        cases.append(_Guarded(label, (q, k, v), limit=L * L))
+    return cases
+
+
+def _call_guarded(answer: Callable[..., Any], case: Case) -> Any:
+    """The answer's output on ``case``, made with no tensor of L·L elements or more."""
+    args = [a.clone() if isinstance(a, Tensor) else a for a in case.args]
+    seen: list[tuple[int, ...]] = []
+    try:
+        with never_larger(getattr(case, "limit", 0) or 1, "{shape}") as seen:
+            return answer(*args, **case.kwargs)
+    except ExerciseError:
+        if not seen:  # a banned call: watch's own error
+            raise
+        message = "it made a tensor of L·L elements or more, as large as the (L, L) weights"
+        raise ScoreMatrix(tr(message)) from None
+
+
+_NO_LINEAR_LIBRARY = (
+    "write causal linear attention yourself, with no function of mha.linear_attention "
+    "(linear_attention, linear_attention_weights, elu_feature_map and their helpers)."
+)
+_QUADRATIC_FORM = (
+    "Make no (L, L) matrix: that is the quadratic form, which costs what softmax attention "
+    "costs. Sum φ(k_j) v_jᵀ and φ(k_j) over the keys so far with cumsum along the sequence dim."
+)
+_CAUSAL = (
+    "Query i may only see keys 0..i: a sum over all the keys lets it read the future. Replace "
+    "the sums over the sequence by running sums, cumsum(dim=-3) for φ(k_j) v_jᵀ (..., L, D, Dv) "
+    "and cumsum(dim=-2) for φ(k_j)."
+)
+_CAUSAL_Z = (
+    "The normaliser must see the same keys as the numerator: Σ_{j <= i} φ(k_j), a cumsum, "
+    "not the sum over all the keys."
+)
+_INCLUSIVE = (
+    "Key i is visible to query i: the running sums include the current key (cumsum is inclusive)."
+)
+_NORMALISE = "Divide by φ(q_i)·Σ_{j <= i} φ(k_j), so that each query's weights sum to 1."
+_FEATURES = "Apply the feature map first: φ(x) = elu(x) + 1 keeps every similarity positive."
+CAUSAL_LINEAR_ATTENTION = Exercise(
+    "check_causal_linear_attention",
+    "equals the masked quadratic form (float64, 1 to 3 batch dims), with no tensor of L·L elements",
+    _causal_linear_quadratic,
+    _causal_linear_cases,
+    variants=(_linear_slip, _linear_by_loop, _linear_by_chunks),
+    mistakes=(
+        (_masked_quadratic, _QUADRATIC_FORM),
+        (partial(_linear_slip, all_keys=True, global_z=True), _CAUSAL),
+        (partial(_linear_slip, global_z=True), _CAUSAL_Z),
+        (partial(_linear_slip, exclusive=True), _INCLUSIVE),
+        (partial(_linear_slip, no_norm=True), _NORMALISE),
+        (partial(_linear_slip, no_phi=True), _FEATURES),
+        (lambda q, k, v: mha.linear_attention(q, k, v), _NO_LINEAR_LIBRARY),
+        (lambda q, k, v: mha.linear_attention_weights(q, k).tril() @ v, _NO_LINEAR_LIBRARY),
+    ),
+    hint="out_i = φ(q_i)ᵀ (Σ_{j <= i} φ(k_j) v_jᵀ) / φ(q_i)ᵀ Σ_{j <= i} φ(k_j), φ(x) = elu(x) + 1.",
+    crash_hint="q, k: (..., L, D), v: (..., L, Dv); the running sums are (..., L, D, Dv) and (..., L, D).",
+    atol=1e-10,
+    rtol=1e-8,
+    call=_call_guarded,
+    forbidden=tuple(
+        f
+        for f in vars(linear_attention_module).values()
+        if inspect.isfunction(f) and f.__module__ == linear_attention_module.__name__
+    ),
+    forbidden_hint=_NO_LINEAR_LIBRARY,
+    params=("my_causal_linear",),
+    doc="Check a causal linear attention ``my_causal_linear(q, k, v)`` (φ = elu + 1) written with "
+    "running sums against the masked quadratic form, under a guard against any tensor of L·L "
+    "elements; no function of ``mha.linear_attention``.",
+)
+
 
 EXERCISES = publish(globals())

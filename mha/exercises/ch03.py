@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -11,8 +12,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..block import TransformerBlock
 from ..multihead import MultiHeadAttention
-from ._harness import Case, Exercise, ExerciseError, as_int, as_mapping, as_shape, publish, tr
+from ._harness import (
+    Case,
+    Exercise,
+    ExerciseError,
+    as_int,
+    as_mapping,
+    as_shape,
+    publish,
+    randn64,
+    tr,
+)
 
 # Split (B, N, H·D) -> (B, H, N, D) and merge back: right (by slicing, so that it cannot share a
 # layout mistake with the learner's view) and the usual wrong ways.
@@ -408,5 +420,153 @@ MHA_SHAPE_PREDICTIONS = Exercise(
     doc="Check predicted shapes (the four ``*_proj.weight``, ``weights``, ``out``) and "
     "``num_parameters`` of :data:`SHAPE_EXERCISE`'s ``mha.MultiHeadAttention``, by running it.",
 )
+
+
+# --- 3.4: the pre-norm block's forward, LayerNorm written by hand --------------------------------
+
+
+def _layer_norm(norm: nn.LayerNorm, x: Tensor, **slip: Any) -> Tensor:
+    """``norm`` applied to ``x`` by its formula: right without ``slip``, or with a usual slip."""
+    mean = x.mean(-1, keepdim=True)  # (B, L, 1)
+    var = x.var(-1, keepdim=True, unbiased=bool(slip.get("unbiased")))  # (B, L, 1)
+    eps = slip.get("eps", norm.eps)
+    if slip.get("eps_outside"):
+        h = (x - mean) / (var.sqrt() + eps)
+    else:
+        h = (x - mean) / torch.sqrt(var + eps)  # (B, L, E)
+    if slip.get("no_affine"):
+        return h
+    return h * norm.weight + norm.bias  # per feature
+
+
+def _block_slip(block: Any, x: Tensor, is_causal: bool = False, **slip: Any) -> Tensor:
+    """The pre-norm block: right without ``slip``, or with one of the usual slips."""
+    norm_slip = {k: slip[k] for k in ("unbiased", "eps", "eps_outside", "no_affine") if k in slip}
+    causal = False if slip.get("no_causal") else is_causal
+    second = block.norm1 if slip.get("one_norm") else block.norm2
+    if slip.get("post_norm"):  # the original Transformer: normalise after the addition
+        x = _layer_norm(block.norm1, x + block.attn(x, is_causal=causal)[0], **norm_slip)
+        return _layer_norm(second, x + block.mlp(x), **norm_slip)
+    h = _layer_norm(block.norm1, x, **norm_slip)  # (B, L, E)
+    if slip.get("norm_stream"):  # the stream itself replaced by its normalised copy
+        x = h
+    x = x + block.attn(h, is_causal=causal)[0]  # (B, L, E)
+    return x + block.mlp(_layer_norm(second, x, **norm_slip))  # (B, L, E)
+
+
+def _block_by_var_mean(block: Any, x: Tensor, is_causal: bool = False) -> Tensor:
+    def norm(n: nn.LayerNorm, t: Tensor) -> Tensor:
+        var, mean = torch.var_mean(t, dim=-1, keepdim=True, correction=0)
+        return torch.addcmul(n.bias, (t - mean) * torch.rsqrt(var + n.eps), n.weight)
+
+    attn, _ = block.attn(norm(block.norm1, x), is_causal=is_causal)
+    x = attn + x
+    return block.mlp(norm(block.norm2, x)) + x
+
+
+def _block_by_centred(block: Any, x: Tensor, is_causal: bool = False) -> Tensor:
+    def norm(n: nn.LayerNorm, t: Tensor) -> Tensor:
+        c = t - t.sum(-1, keepdim=True) / t.shape[-1]  # centred
+        std = ((c * c).mean(-1, keepdim=True) + n.eps) ** 0.5
+        return n.weight * (c / std) + n.bias
+
+    steps = (
+        (block.norm1, lambda h: block.attn(h, is_causal=is_causal)[0]),
+        (block.norm2, block.mlp),
+    )
+    for n, sublayer in steps:  # each sublayer reads a normalised copy and adds back
+        x = x + sublayer(norm(n, x))
+    return x
+
+
+def _block_cases() -> list[Case]:
+    """Float64 blocks with norms whose weights differ (so that a mixed-up norm shows), a stream far
+    from mean 0 and variance 1, a token of nearly equal features (where eps matters)."""
+    g = torch.Generator().manual_seed(34)
+    cases = []
+    for E, H, eps, causal in ((16, 4, 1e-5, False), (16, 4, 1e-5, True), (12, 3, 1e-2, True)):
+        torch_state = torch.random.get_rng_state()
+        torch.manual_seed(34)  # the block's own initialisation; the global RNG is restored below
+        block = TransformerBlock(E, H, norm_eps=eps, dtype=torch.float64)
+        torch.random.set_rng_state(torch_state)
+        with torch.no_grad():
+            for norm in (block.norm1, block.norm2):
+                norm.weight.copy_(1 + 0.5 * randn64(g, E))
+                norm.bias.copy_(0.5 * randn64(g, E))
+        x = randn64(g, 2, 5, E) * 3 + 2  # (B, L, E)
+        x[0, 1] = 4 + 0.01 * randn64(g, E)  # a token of nearly equal features
+        label = f"my_block(block, x, is_causal={causal}) with E = {E}, norm_eps = {eps:g}"
+        cases.append(Case(label, (block, x, causal)))
+    return cases
+
+
+#: Every function of mha/block.py: the methods of its one class.
+_BLOCK_FUNCTIONS = [
+    f.__func__ if isinstance(f, classmethod) else f for f in vars(TransformerBlock).values()
+]
+_NO_BLOCK = (
+    "write the block's forward yourself: do not call the block (TransformerBlock.forward), its "
+    "norms (block.norm1(x), nn.LayerNorm) or F.layer_norm; compute LayerNorm from its formula."
+)
+_PRE_NORM = (
+    "Pre-norm normalises the copy each sublayer reads, not the sum: x = x + attn(norm1(x)), "
+    "then x = x + mlp(norm2(x)). Normalising after the addition is the original post-norm."
+)
+_STREAM = (
+    "Add each sublayer's result to the stream x itself, not to its normalised copy: the "
+    "residual path never passes through a norm."
+)
+_BIASED = (
+    "LayerNorm divides by E, not E - 1: use the biased variance, x.var(-1, unbiased=False) "
+    "(or correction=0)."
+)
+_EPS = "Use the block's own epsilon, block.norm1.eps: it is not always 1e-5."
+_EPS_INSIDE = "eps goes inside the square root: (x - mean) / sqrt(var + eps)."
+_AFFINE = "Finish the norm with its learned scale and shift: h * norm.weight + norm.bias."
+_TWO_NORMS = "Each sublayer has its own norm: norm1 before the attention, norm2 before the MLP."
+_CAUSAL_ON = "Pass is_causal on to the attention: block.attn(h, is_causal=is_causal)."
+PRE_NORM_BLOCK = Exercise(
+    "check_pre_norm_block",
+    "equals mha.TransformerBlock with the same weights (float64; causal and not; norms with "
+    "their own weights and eps), LayerNorm written by hand",
+    lambda block, x, is_causal=False: block(x, is_causal=is_causal),
+    _block_cases,
+    variants=(_block_slip, _block_by_var_mean, _block_by_centred),
+    mistakes=(
+        (partial(_block_slip, post_norm=True), _PRE_NORM),
+        (partial(_block_slip, norm_stream=True), _STREAM),
+        (partial(_block_slip, unbiased=True), _BIASED),
+        (partial(_block_slip, eps=1e-5), _EPS),
+        (partial(_block_slip, eps_outside=True), _EPS_INSIDE),
+        (partial(_block_slip, no_affine=True), _AFFINE),
+        (partial(_block_slip, one_norm=True), _TWO_NORMS),
+        (partial(_block_slip, no_causal=True), _CAUSAL_ON),
+        (lambda block, x, is_causal=False: block(x, is_causal=is_causal), _NO_BLOCK),
+        (
+            lambda block, x, is_causal=False: (
+                _block_slip(block, x, is_causal) + 0 * F.layer_norm(x, x.shape[-1:])
+            ),
+            _NO_BLOCK,
+        ),
+    ),
+    hint="x = x + block.attn(norm1(x), is_causal=is_causal)[0]; then x = x + block.mlp(norm2(x)); "
+    "norm(x) = (x - mean) / sqrt(var + eps) * weight + bias over the last dim.",
+    crash_hint="block.attn returns a pair (out, weights): take out = block.attn(h, ...)[0].",
+    atol=1e-10,
+    rtol=1e-8,
+    forbidden=(
+        *(f for f in _BLOCK_FUNCTIONS if inspect.isfunction(f)),
+        nn.LayerNorm.forward,
+        F.layer_norm,
+        torch.layer_norm,
+        torch.native_layer_norm,
+    ),
+    forbidden_hint=_NO_BLOCK,
+    params=("my_block",),
+    doc="Check ``my_block(block, x, is_causal=False)``, the pre-norm forward of a "
+    "``mha.TransformerBlock`` written from its parts (``block.attn``, ``block.mlp``) with LayerNorm "
+    "by its formula, against the block itself.",
+)
+
 
 EXERCISES = publish(globals())

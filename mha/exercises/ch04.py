@@ -15,6 +15,7 @@ from torch import Tensor
 import mha
 
 from ..masks import padding_mask
+from . import _writer
 from ._harness import NO_SDPA, Case, Exercise, ExerciseError, as_shape, publish, tr
 
 _INVERTED = "Inverted: here (and in SDPA) True = may attend; flip it with ~."
@@ -340,6 +341,27 @@ ALIBI_BIAS = Exercise(
     params=("alibi_bias",),
     doc="Check ``alibi_bias(H, L)``: the causal ALiBi bias (H, L, L), -m_h * (i - j) for j <= i, "
     "-inf above, with m_h = 2 ** (-8 * h / H), h = 1..H (Press et al., 2022).",
+)
+
+# Section 4.4's capstone: the learner's own causal multi-head layer (its answers, the values'
+# check and the training are in _writer.py).
+MODEL_THAT_WRITES = Exercise(
+    "check_model_that_writes",
+    _writer.SUCCESS,
+    None,
+    variants=(_writer.PerHead, _writer.Einsum),
+    mistakes=_writer.MISTAKES,
+    hint=_writer.HINTS,
+    crash_hint=_writer.CONTRACT,
+    forbidden=_writer.BANNED,
+    forbidden_hint=_writer.NO_READY_MADE,
+    custom=_writer.check,
+    params=("Layer",),
+    doc="Check ``Layer(E, H)``, causal multi-head self-attention with ``forward(x, real=None, "
+    "cache=None)``: equal to nn.MultiheadAttention with the same weights under a causal mask and "
+    "with right padding, its decode through its own cache equal to the full causal pass, written "
+    "without mha's or torch's attention; then a one-block character model built on it is trained "
+    "200 steps and must reach a held-out loss below 2.8.",
 )
 
 EXERCISES = publish(globals())

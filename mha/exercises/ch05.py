@@ -3,18 +3,29 @@ prediction is checked against the kernel torch really picks (:mod:`mha.hardware`
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import math
+import numbers
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import cache, partial
-from typing import Any
+from types import FunctionType
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention.flex_attention import flex_attention
+from torch.overrides import TorchFunctionMode
+from torch.utils.flop_counter import FlopCounterMode
 
 import mha
 
-from .. import flash
+from .. import attention, flash
 from ..lab.hardware import sdpa_backends
-from ._harness import Case, Exercise, ExerciseError, as_mapping, publish, tr
+from ._harness import Case, Exercise, ExerciseError, as_mapping, never_larger, publish, tr
 
 _ACC = "acc_new = exp(m - m_new) * acc + exp(scores - m_new) @ value"
 _HINT_ACC_RESCALE = f"Rescale the old acc to the new maximum: {_ACC}."
@@ -300,5 +311,765 @@ SDPA_BACKEND_PREDICTION = Exercise(
     doc="Check a prediction {case: 'flash' or 'math'} for every case of ``SDPA_CASES``, against "
     "the kernel torch picks on this machine's CPU (:func:`mha.hardware.sdpa_backends`).",
 )
+
+
+# --- 5.1: three steps placed on the A100's roofline ----------------------------------------------
+
+#: The machine of the roofline exercise: an A100's published bfloat16 tensor-core peak and
+#: memory bandwidth (FLOP/s, bytes/s).
+A100_ROOFS = (312e12, 2.0e12)
+#: The steps to place, with q (B, H, L, D) and k, v (B, H, S, D) in bfloat16.
+ROOFLINE_STEPS: dict[str, str] = {
+    "scores": "scores = q @ k.transpose(-2, -1), B=1 H=16 L=S=4096 D=64, the (L, S) result written",
+    "fused_prefill": "fused attention (each input read once, out written once), B=1 H=16 "
+    "L=S=4096 D=64",
+    "fused_decode": "fused attention for one new token, L=1, against S=4096 cached keys and values",
+}
+
+
+@cache  # shapes only: the same counts on every machine
+def _step_counts(name: str) -> tuple[int, int]:
+    """FLOPs (counted by FlopCounterMode on meta tensors) and bytes (the nbytes of every tensor
+    the step reads or writes) of one step of :data:`ROOFLINE_STEPS`."""
+    L = 1 if name == "fused_decode" else 4096
+    q = torch.empty(1, 16, L, 64, device="meta", dtype=torch.bfloat16)  # (B, H, L, D)
+    k, v = (torch.empty(1, 16, 4096, 64, device="meta", dtype=q.dtype) for _ in range(2))
+    with FlopCounterMode(display=False) as counter:
+        if name == "scores":
+            out = q @ k.transpose(-2, -1)  # (B, H, L, S)
+            moved: tuple[Tensor, ...] = (q, k, out)  # k, v: (B, H, S, D)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v)  # (B, H, L, D)
+            moved = (q, k, v, out)
+    return counter.get_total_flops(), sum(t.nbytes for t in moved)
+
+
+def _roofline_truth() -> tuple[dict, dict]:
+    balance = A100_ROOFS[0] / A100_ROOFS[1]  # FLOP/byte where the roofs meet
+    intensity = tuple(f / b for f, b in map(_step_counts, ROOFLINE_STEPS))
+    return _placed(intensity, tuple("memory" if i < balance else "compute" for i in intensity))
+
+
+def _as_placements(answer: object) -> tuple[tuple[float, ...], tuple[str, ...]]:
+    pair = cast("tuple[object, object]", answer)  # the checker's two parameters
+    intensity = as_mapping(pair[0], list(ROOFLINE_STEPS), "intensity")
+    bound = as_mapping(pair[1], list(ROOFLINE_STEPS), "bound")
+    for step in ROOFLINE_STEPS:
+        value, side = intensity[step], bound[step]
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            message = "intensity[{step!r}] should be a number, got {value!r}."
+            raise ExerciseError(tr(message, step=step, value=value))
+        if side not in ("memory", "compute"):
+            message = "bound[{step!r}] should be 'memory' or 'compute', got {side!r}."
+            raise ExerciseError(tr(message, step=step, side=side))
+    return (
+        tuple(float(intensity[s]) for s in ROOFLINE_STEPS),
+        tuple(str(bound[s]) for s in ROOFLINE_STEPS),
+    )
+
+
+def _placed(intensity: tuple[float, ...], bound: tuple[str, ...]) -> tuple[dict, dict]:
+    return dict(zip(ROOFLINE_STEPS, intensity)), dict(zip(ROOFLINE_STEPS, bound))
+
+
+def _slipped_placement(truth: tuple[dict, dict], **slip: Any) -> tuple[dict, dict]:
+    """The true placement with one usual slip: ``scale`` on every intensity, or ``step`` given
+    another ``intensity`` and/or ``bound``."""
+    intensity, bound = dict(truth[0]), dict(truth[1])
+    intensity = {s: i * slip.get("scale", 1.0) for s, i in intensity.items()}
+    if "step" in slip:
+        intensity[slip["step"]] = slip.get("intensity", intensity[slip["step"]])
+        bound[slip["step"]] = slip.get("bound", bound[slip["step"]])
+    return intensity, bound
+
+
+def _by_formula(t: object) -> tuple[dict, dict]:
+    L, S, D = 4096, 4096, 64  # per head, 2 bytes per number
+    scores = 2 * L * S * D / (2 * (L * D + S * D + L * S))
+    prefill = 4 * L * S * D / (2 * (2 * L * D + 2 * S * D))
+    decode = 4 * S * D / (2 * (2 * D + 2 * S * D))
+    return (
+        {"fused_decode": decode, "scores": scores, "fused_prefill": prefill},
+        {"scores": "memory", "fused_prefill": "compute", "fused_decode": "memory"},
+    )
+
+
+_ROOF_FLOPS = "A multiply-add is 2 FLOPs: a (L, D) by (D, S) product does 2·L·S·D of them."
+_ROOF_BYTES = "bfloat16 takes 2 bytes per number: bytes = 2 × the numbers read and written."
+_ROOF_WRITE = (
+    "The scores step writes its (L, S) result to memory: L·S numbers per head, far more than q "
+    "and k. Count every tensor a step reads or writes."
+)
+_ROOF_MATMUL = (
+    "A matrix product is not compute-bound by nature: with its (L, S) output written, the scores "
+    "step does about 62 FLOP/byte, below the A100's balance of 156."
+)
+_ROOF_DECODE = (
+    "Fusing cannot help one query: it reads all of K and V (2·S·D numbers) for 4·S·D FLOPs, "
+    "about 1 FLOP per byte, far below the balance."
+)
+ROOFLINE_PLACEMENT = Exercise(
+    "check_roofline_placement",
+    "three intensities within 2% of counted FLOPs / counted bytes, each step on the right side "
+    "of the A100's ridge (156 FLOP/byte)",
+    _roofline_truth,
+    prediction=True,
+    variants=(lambda t: (dict(reversed(t[0].items())), dict(t[1])), _by_formula),
+    mistakes=(
+        (partial(_slipped_placement, scale=0.5), _ROOF_FLOPS),
+        (partial(_slipped_placement, scale=2.0), _ROOF_BYTES),
+        (partial(_slipped_placement, step="scores", bound="compute"), _ROOF_MATMUL),
+        (
+            partial(_slipped_placement, step="scores", intensity=2048.0, bound="compute"),
+            _ROOF_WRITE,
+        ),
+        (partial(_slipped_placement, step="fused_decode", bound="compute"), _ROOF_DECODE),
+    ),
+    hint={
+        "intensity": "I = FLOPs / bytes moved: 2 FLOPs per multiply-add, 2 bytes per bfloat16 "
+        "number, every tensor the step reads or writes counted once.",
+        "bound": "Memory-bound where I < P / W = 312e12 / 2.0e12 = 156 FLOP/byte, compute-bound "
+        "above.",
+    },
+    atol=0.0,
+    rtol=0.02,
+    outputs=("intensity", "bound"),
+    report_all=True,
+    convert=_as_placements,
+    doc="Check the arithmetic intensity (FLOP/byte) and the side of the A100's ridge ('memory' or "
+    "'compute') predicted for each step of ``ROOFLINE_STEPS``, against FLOPs counted by "
+    "FlopCounterMode and the bytes of the tensors each step reads and writes.",
+)
+
+
+# --- 5.4: the tiles a bottom-right sliding window leaves -----------------------------------------
+
+
+class WholeMask(Exception):
+    """An answer made a tensor as large as the (L, S) mask."""
+
+
+@dataclass(frozen=True)
+class _Guarded(Case):
+    """A case run under the guard: no tensor of ``limit`` elements or more."""
+
+    limit: int = 0
+
+
+def _window_keep(L: int, S: int, window: int, rows: range | None = None) -> Tensor:
+    """The (L, S) keep-mask (only its ``rows``, if given): the L queries are the last L positions
+    of the S keys (bottom-right), and query i sees the ``window`` most recent keys up to its own
+    position, itself included."""
+    rows = range(L) if rows is None else rows
+    position = torch.tensor(rows)[:, None] + (S - L)  # (L, 1) where query i sits among the keys
+    behind = position - torch.arange(S)[None, :]  # (L, S) how far key j lies behind query i
+    return (behind >= 0) & (behind < window)
+
+
+def _visible_by_library(L: int, S: int, block_size: int, window: int) -> Tensor:
+    return flash.visible_blocks(_window_keep(L, S, window), L, S, block_size)
+
+
+def _visible_slip(L: int, S: int, block_size: int, window: int, **slip: bool) -> Tensor:
+    """The grid from the tiles' bounds: right without ``slip``, or with one of the usual slips."""
+    offset = 0 if slip.get("top_left") else S - L
+    rows = math.ceil(L / block_size) if not slip.get("floor") else L // block_size
+    q0 = torch.arange(rows)[:, None] * block_size  # (R, 1) first query of each block
+    q1 = torch.clamp(q0 + block_size, max=L)  # (R, 1) one past its last query
+    k0 = torch.arange(math.ceil(S / block_size))[None, :] * block_size  # (1, C) first key
+    k1 = torch.clamp(k0 + block_size, max=S)  # (1, C) one past its last key
+    newest = q1 - 1 + offset  # (R, 1) the last key the block's last query may see
+    oldest = q0 + offset - window + (0 if slip.get("off_by_one") else 1)  # first key of the first
+    if slip.get("corner"):  # only the block's first query against the tile's first key
+        return (k0 <= q0 + offset) & (k0 >= oldest)
+    after = k0 <= newest  # (R, C) some key of the tile not after the block's last query
+    window_ok = torch.ones_like(after) if slip.get("no_window") else k1 - 1 >= oldest
+    return after & window_ok
+
+
+def _visible_by_loops(L: int, S: int, block_size: int, window: int) -> Tensor:
+    rows, cols = -(-L // block_size), -(-S // block_size)
+    grid = torch.zeros(rows, cols, dtype=torch.bool)
+    for r in range(rows):
+        first, last = r * block_size + S - L, min(r * block_size + block_size, L) - 1 + S - L
+        for c in range(cols):
+            keys = range(c * block_size, min(c * block_size + block_size, S))
+            # pairs seen: key j with first - window < j <= last, j in the tile
+            grid[r, c] = any(first - window < j <= last for j in keys)
+    return grid
+
+
+def _visible_by_tile_masks(L: int, S: int, block_size: int, window: int) -> Tensor:
+    """One small (block_size, block_size) mask per tile, as a kernel builds inside a tile."""
+    rows, cols = -(-L // block_size), -(-S // block_size)
+    grid = torch.zeros(rows, cols, dtype=torch.bool)
+    for r in range(rows):
+        i = torch.arange(r * block_size, min(r * block_size + block_size, L)) + (S - L)
+        for c in range(cols):
+            j = torch.arange(c * block_size, min(c * block_size + block_size, S))
+            behind = i[:, None] - j[None, :]  # (rows of the block, keys of the tile)
+            grid[r, c] = ((behind >= 0) & (behind < window)).any()
+    return grid
+
+
+def _visible_by_library_rows(L: int, S: int, block_size: int, window: int) -> Tensor:
+    """One block of query rows at a time through mha.flash.visible_blocks, as 5.4 counts
+    BigBird's tiles: no (L, S) mask, but the library's function."""
+    rows = []
+    for r in range(0, L, block_size):
+        block = range(r, min(r + block_size, L))
+        keep = _window_keep(L, S, window, block)  # (rows of the block, S)
+        rows.append(flash.visible_blocks(keep, len(block), S, block_size))
+    return torch.cat(rows)  # (ceil(L / b), ceil(S / b))
+
+
+def _window_cases() -> list[Case]:
+    specs = (  # L, S, block_size, window
+        (256, 256, 64, 100),
+        (100, 300, 32, 64),
+        (192, 320, 32, 97),
+        (300, 100, 32, 50),
+        (64, 640, 64, 1000),
+        (200, 500, 32, 70),
+    )
+    return [
+        _Guarded(
+            f"my_visible_tiles(L={L}, S={S}, block_size={b}, window={w})",
+            (L, S, b, w),
+            limit=L * S,
+        )
+        for L, S, b, w in specs
+    ]
+
+
+def _call_without_mask(answer: Callable[..., Any], case: Case) -> Any:
+    """The answer's grid on ``case``, made with no tensor of L·S elements or more."""
+    seen: list[tuple[int, ...]] = []
+    try:
+        with never_larger(getattr(case, "limit", 0) or 1, "{shape}") as seen:
+            return answer(*case.args)
+    except ExerciseError:
+        if not seen:  # a banned call: watch's own error
+            raise
+        message = "it made a tensor of L·S elements or more, as large as the whole (L, S) mask"
+        raise WholeMask(tr(message)) from None
+
+
+_NO_FLASH = (
+    "work the tiles out yourself, with no function of mha.flash (tile_schedule, visible_blocks, "
+    "_tile_schedule ...)."
+)
+_TILE_MASK = (
+    "Make no (L, S) mask: decide each tile from its bounds, the first and last query of the "
+    "block and the first and last key of the tile."
+)
+_TOP_LEFT = (
+    "Bottom-right: the L queries are the last L of the S positions, so query i sits at "
+    "position i + S - L; with L ≠ S that shifts the band."
+)
+_WINDOW_EDGE = (
+    "The window holds `window` keys, the query's own included: query p sees keys "
+    "p - window + 1 .. p, so a tile is in reach when its last key is at least "
+    "first_query - window + 1."
+)
+_NO_WINDOW = "A window also hides the old keys: a tile whose last key lies `window` or more behind the block's first query is hidden."
+_CORNERS = (
+    "Checking one corner is not enough: a tile is visible when SOME query of the block sees SOME "
+    "key of the tile; compare the block's last query with the tile's first key, and its first "
+    "query with the tile's last key."
+)
+_PARTIAL = (
+    "Count the last, partial block too: ceil(L / block_size) rows and ceil(S / block_size) columns."
+)
+VISIBLE_TILES = Exercise(
+    "check_visible_tiles",
+    "the tiles mha.flash.visible_blocks finds in the bottom-right sliding-window mask (L < S, "
+    "L > S, partial tiles, a window wider than S), with no tensor of L·S elements",
+    _visible_by_library,
+    _window_cases,
+    variants=(_visible_slip, _visible_by_loops, _visible_by_tile_masks),
+    mistakes=(
+        (lambda L, S, b, w: flash.visible_blocks(_window_keep(L, S, w), L, S, b), _TILE_MASK),
+        (_visible_by_library_rows, _NO_FLASH),
+        (partial(_visible_slip, top_left=True), _TOP_LEFT),
+        (partial(_visible_slip, off_by_one=True), _WINDOW_EDGE),
+        (partial(_visible_slip, no_window=True), _NO_WINDOW),
+        (partial(_visible_slip, corner=True), _CORNERS),
+        (partial(_visible_slip, floor=True), _PARTIAL),
+    ),
+    hint="Tile (r, c) is visible when some query of block r sees some key of tile c: key j is "
+    "seen by the query at position p = i + S - L when p - window < j <= p.",
+    crash_hint="Return a bool tensor of shape (ceil(L / block_size), ceil(S / block_size)).",
+    exact_dtype=True,
+    call=_call_without_mask,
+    forbidden=tuple(
+        f for f in vars(flash).values() if inspect.isfunction(f) and f.__module__ == flash.__name__
+    ),
+    forbidden_hint=_NO_FLASH,
+    params=("my_visible_tiles",),
+    doc="Check ``my_visible_tiles(L, S, block_size, window) -> (ceil(L/b), ceil(S/b)) bool``, the "
+    "tiles of a bottom-right causal sliding window, against ``mha.flash.visible_blocks`` on the "
+    "whole mask, under a guard against any tensor of L·S elements; no function of mha.flash.",
+)
+
+
+# --- 5.3: the whole tiled forward, the capstone ----------------------------------------------
+
+
+def _causal_offset(causal: str | None, L: int, S: int) -> int | None:
+    """Query ``i`` sees key ``j`` when ``j <= i + offset``; None without a causal mask."""
+    if causal not in (None, "bottom-right", "top-left"):
+        raise ValueError(f"causal must be None, 'bottom-right' or 'top-left', got {causal!r}")
+    return None if causal is None else (S - L if causal == "bottom-right" else 0)
+
+
+def _flash_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    causal: str | None = None,
+    block_q: int = 16,
+    block_k: int = 16,
+    **slip: bool,
+) -> tuple[Tensor, Tensor]:
+    """The tiled forward with an online softmax: right without ``slip``, or with one slip."""
+    B, H, L, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    offset = _causal_offset("top-left" if causal and slip.get("top_left") else causal, L, S)
+    stats = q.dtype if slip.get("half") else torch.float32  # m, l, acc and the scores
+    # (B, Hkv, G, L, D): the G query heads that share a key/value head, side by side
+    qg = (q.to(stats) * D**-0.5).unflatten(1, (Hkv, H // Hkv))
+    kf, vf = k.to(stats).unsqueeze(2), v.to(stats).unsqueeze(2)  # (B, Hkv, 1, S, D)
+    out = torch.zeros(B, Hkv, H // Hkv, L, D, dtype=stats)
+    lse = torch.zeros(B, Hkv, H // Hkv, L, dtype=stats)
+    for q0 in range(0, L, block_q):
+        q1 = min(q0 + block_q, L)
+        m = torch.full((*qg.shape[:3], q1 - q0, 1), float("-inf"), dtype=stats)
+        l = torch.zeros_like(m)  # (B, Hkv, G, R, 1)
+        acc = torch.zeros(*qg.shape[:3], q1 - q0, D, dtype=stats)  # (B, Hkv, G, R, D)
+        for k0 in range(0, S, block_k):
+            k1 = min(k0 + block_k, S)
+            if offset is not None and k0 > q1 - 1 + offset and not slip.get("all_tiles"):
+                break  # no row of this block sees this tile, nor any later one
+            scores = qg[..., q0:q1, :] @ kf[..., k0:k1, :].transpose(-2, -1)  # (.., R, C)
+            if offset is not None and k1 - 1 > q0 + offset:  # some key of the tile is hidden
+                rows, cols = torch.arange(q0, q1)[:, None], torch.arange(k0, k1)
+                scores = scores.masked_fill(cols > rows + offset, float("-inf"))
+            m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
+            shift = m_new if slip.get("no_guard") else m_new.nan_to_num(neginf=0.0)
+            p = torch.exp(scores - shift)  # (B, Hkv, G, R, C)
+            alpha = torch.exp(m - shift)  # (B, Hkv, G, R, 1)
+            l = alpha * l + p.sum(-1, keepdim=True)
+            acc = (1.0 if slip.get("keep_acc") else alpha) * acc + p @ vf[..., k0:k1, :]
+            m = m_new
+        out[..., q0:q1, :] = acc / torch.where(l == 0, 1.0, l)  # a row that saw no key: 0
+        lse[..., q0:q1] = (l.log() if slip.get("no_max") else m + l.log()).squeeze(-1)
+    return out.flatten(1, 2).to(q.dtype), lse.flatten(1, 2).float()
+
+
+def _flash_whole_scores(
+    q: Tensor, k: Tensor, v: Tensor, causal: str | None = None, block_q=16, block_k=16
+) -> tuple[Tensor, Tensor]:
+    """Tiles of scores computed as asked, then written into one (L, S) matrix per head."""
+    B, H, L, D = q.shape
+    S, G = k.shape[2], H // k.shape[1]
+    offset = _causal_offset(causal, L, S)
+    kf, vf = (t.float().repeat_interleave(G, 1) for t in (k, v))  # (B, H, S, D)
+    scores = torch.full((B, H, L, S), float("-inf"))  # the whole matrix
+    for q0 in range(0, L, block_q):
+        for k0 in range(0, S, block_k):
+            if offset is None or k0 <= min(q0 + block_q, L) - 1 + offset:
+                rows, cols = slice(q0, q0 + block_q), slice(k0, k0 + block_k)
+                scores[..., rows, cols] = q[..., rows, :].float() @ kf[..., cols, :].mT / D**0.5
+    if offset is not None:
+        hidden = torch.arange(S) > torch.arange(L)[:, None] + offset
+        scores = scores.masked_fill(hidden, float("-inf"))
+    lse = torch.logsumexp(scores, -1)  # (B, H, L)
+    p = torch.exp(scores - lse.nan_to_num(neginf=0.0)[..., None])
+    return (p @ vf).to(q.dtype), lse
+
+
+def _flash_by_key_tiles(q, k, v, causal=None, block_q=16, block_k=16):
+    """Key tiles outside, query blocks inside (FlashAttention-1's order); heads repeated for
+    GQA, einsum and a mask made with torch.where."""
+    B, H, L, D = q.shape
+    S = k.shape[2]
+    shift = {None: None, "bottom-right": S - L, "top-left": 0}[causal]
+    q32 = q.float() / math.sqrt(D)
+    k32, v32 = (t.float().repeat_interleave(H // k.shape[1], dim=1) for t in (k, v))
+    m = torch.full((B, H, L, 1), -math.inf)
+    l = torch.zeros(B, H, L, 1)
+    acc = torch.zeros(B, H, L, D)
+    for k0 in range(0, S, block_k):
+        kt, vt = k32[:, :, k0 : k0 + block_k], v32[:, :, k0 : k0 + block_k]
+        for q0 in range(0, L, block_q):
+            q1 = min(q0 + block_q, L)
+            if shift is not None and q1 - 1 + shift < k0:
+                continue  # every key of this tile is in the future of every row
+            s = torch.einsum("bhrd,bhcd->bhrc", q32[:, :, q0:q1], kt)
+            if shift is not None:
+                see = torch.arange(k0, k0 + kt.shape[2]) <= torch.arange(q0, q1)[:, None] + shift
+                s = torch.where(see, s, -math.inf)
+            rows = slice(q0, q1)
+            new_m = torch.max(m[:, :, rows], s.max(-1, keepdim=True).values)
+            safe = torch.where(new_m == -math.inf, 0.0, new_m)
+            p = (s - safe).exp()
+            scale = (m[:, :, rows] - safe).exp()
+            l[:, :, rows] = scale * l[:, :, rows] + p.sum(-1, keepdim=True)
+            acc[:, :, rows] = scale * acc[:, :, rows] + torch.einsum("bhrc,bhcd->bhrd", p, vt)
+            m[:, :, rows] = new_m
+    out = torch.where(l > 0, acc / l, 0.0)
+    return out.to(q.dtype), (m + l.log()).squeeze(-1)
+
+
+def _flash_per_head(q, k, v, causal=None, block_q=16, block_k=16):
+    """One head at a time (key head h // G), torch.matmul, a tril mask per diagonal tile."""
+    B, H, L, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    out, lse = torch.empty(B, H, L, D, dtype=q.dtype), torch.empty(B, H, L)
+    for h in range(H):
+        qh = q[:, h].float() * D**-0.5  # (B, L, D)
+        kh, vh = k[:, h // (H // Hkv)].float(), v[:, h // (H // Hkv)].float()  # (B, S, D)
+        for q0 in range(0, L, block_q):
+            q1 = min(q0 + block_q, L)
+            m = torch.full((B, q1 - q0, 1), -torch.inf)
+            l, acc = torch.zeros(B, q1 - q0, 1), torch.zeros(B, q1 - q0, D)
+            last = S if causal is None else q1 + (S - L if causal == "bottom-right" else 0)
+            for k0 in range(0, min(S, last), block_k):  # the tiles some row sees
+                k1 = min(k0 + block_k, S)
+                s = torch.matmul(qh[:, q0:q1], kh[:, k0:k1].transpose(1, 2))  # (B, R, C)
+                if causal is not None:
+                    diagonal = q0 + (S - L if causal == "bottom-right" else 0) - k0
+                    keep = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool).tril(diagonal)
+                    s = s.masked_fill(~keep, -torch.inf)
+                m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+                base = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+                p, fade = torch.exp(s - base), torch.exp(m - base)
+                m, l, acc = m_new, l * fade + p.sum(-1, keepdim=True), acc * fade + p @ vh[:, k0:k1]
+            out[:, h, q0:q1] = (acc / l.clamp_min(1e-30)).to(q.dtype)
+            lse[:, h, q0:q1] = (m + torch.log(l)).squeeze(-1)
+    return out, lse
+
+
+#: The matrix products an answer may compute scores with, as a TorchFunctionMode sees them
+#: (``a @ b`` arrives as ``Tensor.matmul``).
+_PRODUCTS = {
+    *(getattr(m, n) for m in (torch, Tensor) for n in ("matmul", "bmm", "mm", "baddbmm", "addmm")),
+    *(torch.einsum, torch.tensordot, torch.inner, Tensor.inner, torch.linalg.matmul, F.linear),
+}
+
+
+class _ScoreProducts(TorchFunctionMode):
+    """Sees every matrix product of ``_PRODUCTS`` the answer makes and keeps the score products:
+    those whose result does not end in the head dim ``D`` (in the checker's cases no tile has
+    ``D`` rows or keys, so a product of weights and values always ends in ``D``)."""
+
+    def __init__(self, D: int) -> None:
+        super().__init__()
+        self.D, self.total, self.largest = D, 0, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        if func in _PRODUCTS and isinstance(out, Tensor) and out.dim() and out.shape[-1] != self.D:
+            self.total += out.numel()
+            self.largest = max(self.largest, out.numel())
+        return out
+
+
+class WholeScoreMatrix(Exception):
+    """The answer made a tensor as large as a head's whole (L, S) score matrix."""
+
+
+class TileTooLarge(Exception):
+    """One score product of the answer covered more than one tile."""
+
+
+class _Flash(NamedTuple):
+    """A case's sizes: batch, query heads, key/value heads, L, S, head dim, causal, blocks."""
+
+    B: int
+    H: int
+    Hkv: int
+    L: int
+    S: int
+    D: int
+    causal: str | None
+    block_q: int
+    block_k: int
+    dtype: torch.dtype = torch.float32
+    big: float = 1.0  # scales q and k: larger scores
+    guard: bool = False  # run under never_larger(L * S)
+
+
+_FLASH = (
+    _Flash(2, 4, 2, 40, 72, 24, None, 16, 16),
+    _Flash(2, 4, 2, 40, 72, 24, "bottom-right", 16, 16),
+    _Flash(1, 4, 2, 70, 40, 24, "bottom-right", 16, 8),
+    _Flash(2, 2, 2, 40, 72, 24, "top-left", 8, 16),
+    _Flash(1, 4, 1, 72, 40, 24, "top-left", 16, 16),
+    _Flash(2, 4, 2, 64, 100, 24, "bottom-right", 16, 16, torch.float16, big=3.0),
+    _Flash(1, 4, 2, 64, 48, 24, None, 32, 16, torch.bfloat16),
+    _Flash(1, 2, 1, 96, 80, 8, "bottom-right", 16, 16, guard=True),
+)
+
+
+#: out is rounded to the input dtype: float16 keeps 11 significant bits, bfloat16 8.
+_FLASH_TOLERANCE = {
+    torch.float16: {"atol": 2e-3, "rtol": 2e-3},
+    torch.bfloat16: {"atol": 1e-2, "rtol": 1e-2},
+}
+
+
+def _visible_area(c: _Flash) -> int:
+    """The scores per head of the tiles some query sees: what the tiled loop computes."""
+    offset = _causal_offset(c.causal, c.L, c.S)
+    return sum(
+        (min(q0 + c.block_q, c.L) - q0) * (min(k0 + c.block_k, c.S) - k0)
+        for q0 in range(0, c.L, c.block_q)
+        for k0 in range(0, c.S, c.block_k)
+        if offset is None or k0 <= min(q0 + c.block_q, c.L) - 1 + offset
+    )
+
+
+def _flash_label(c: _Flash) -> str:
+    """How a case is named in the messages: its sizes and the call's keywords."""
+    heads = f"H={c.H}, Hkv={c.Hkv}" if c.H != c.Hkv else f"H={c.H}"
+    call = f"causal={c.causal!r}, block_q={c.block_q}, block_k={c.block_k}"
+    return f"my_flash_forward(L={c.L}, S={c.S}, {heads}, {str(c.dtype)[6:]}, {call})"
+
+
+def _flash_cases() -> list[Case]:
+    """Every configuration of ``_FLASH``, with SDPA's output and torch.logsumexp's lse (both
+    in float64) and the scores per head of the visible tiles."""
+    g = torch.Generator().manual_seed(53)
+    cases = []
+    for c in _FLASH:
+        q = (torch.randn(c.B, c.H, c.L, c.D, generator=g) * c.big).to(c.dtype)
+        k = (torch.randn(c.B, c.Hkv, c.S, c.D, generator=g) * c.big).to(c.dtype)
+        v = torch.randn(c.B, c.Hkv, c.S, c.D, generator=g).to(c.dtype)
+        q64, k64, v64 = (t.double() for t in (q, k, v))
+        keep = torch.ones(c.L, c.S, dtype=torch.bool)
+        offset = _causal_offset(c.causal, c.L, c.S)
+        if offset is not None:
+            keep = keep.tril(offset)
+        out = F.scaled_dot_product_attention(q64, k64, v64, keep, enable_gqa=True)
+        out = torch.where(keep.any(-1)[:, None], out, 0.0)  # a row that sees no key: 0
+        k_all = k64.repeat_interleave(c.H // c.Hkv, 1)  # (B, H, S, D)
+        scores = (q64 @ k_all.mT / math.sqrt(c.D)).masked_fill(~keep, float("-inf"))
+        lse = torch.logsumexp(scores, -1)  # (B, H, L)
+        kwargs = {"causal": c.causal, "block_q": c.block_q, "block_k": c.block_k}
+        tol = _FLASH_TOLERANCE.get(c.dtype, {})  # the output is rounded to 16 bits
+        expected = (out.to(c.dtype), lse.float(), _visible_area(c))
+        cases.append(Case(_flash_label(c), (q, k, v), kwargs, expected, **tol))
+    return cases
+
+
+_GUARDED = {_flash_label(c) for c in _FLASH if c.guard}  # whose inputs, output, tiles < L·S
+
+
+def _flash_run(answer: Callable[..., Any], case: Case) -> object:
+    """``(out, lse, scores per head)``: the answer's output and the scores its matrix products
+    computed, divided by B·H. Raises WholeScoreMatrix (a guarded case) or TileTooLarge."""
+    q, k, v = (t.clone() for t in case.args)
+    B, H, L, D = q.shape
+    S = k.shape[-2]
+    products = _ScoreProducts(D)
+    guard: contextlib.AbstractContextManager[list[tuple[int, ...]]] = (
+        never_larger(L * S, "") if case.label in _GUARDED else contextlib.nullcontext([])
+    )
+    try:
+        with guard as seen, products:
+            got = answer(q, k, v, **case.kwargs)
+    except ExerciseError:
+        if not seen:  # a banned call: the harness says so
+            raise
+        message = "made a tensor of {n} elements or more, as many as a whole (L, S) score matrix"
+        raise WholeScoreMatrix(tr(message, n=L * S)) from None
+    if got is None:
+        return None
+    if not (isinstance(got, tuple) and len(got) == 2):
+        kind = type(got).__name__
+        raise ExerciseError(tr("my_flash_forward should return (out, lse), got {kind}.", kind=kind))
+    tile = B * H * case.kwargs["block_q"] * case.kwargs["block_k"]
+    if products.largest > tile:
+        message = "a matrix product computed more scores than one tile, B·H·block_q·block_k = {n}"
+        raise TileTooLarge(tr(message, n=tile))
+    per_head, rest = divmod(products.total, B * H)
+    return (*got, per_head if not rest else products.total / (B * H))
+
+
+def _flash_all_at_once(q, k, v, causal=None, block_q=16, block_k=16):
+    """Every score in one product, then a softmax written out: no tiles at all."""
+    L, S, G = q.shape[2], k.shape[2], q.shape[1] // k.shape[1]
+    kf, vf = (t.float().repeat_interleave(G, 1) for t in (k, v))  # (B, H, S, D)
+    scores = q.float() @ kf.mT / math.sqrt(q.shape[-1])  # (B, H, L, S)
+    if causal is not None:
+        hidden = torch.arange(S) > torch.arange(L)[:, None] + _causal_offset(causal, L, S)
+        scores = scores.masked_fill(hidden, float("-inf"))
+    lse = torch.logsumexp(scores, -1)  # (B, H, L)
+    p = torch.exp(scores - lse.nan_to_num(neginf=0.0)[..., None])
+    return (p @ vf).to(q.dtype), lse
+
+
+def _flash_by_library(q, k, v, causal=None, block_q=16, block_k=16):
+    """mha.flash_attention, with a bottom-right mask made for it."""
+    L, S = q.shape[2], k.shape[2]
+    mask = mha.causal_mask_bottom_right(L, S) if causal == "bottom-right" else None
+    return mha.flash_attention(
+        q, k, v, mask, causal == "top-left", block_size=block_k, enable_gqa=True, return_lse=True
+    )
+
+
+def _flash_by_helper(q, k, v, causal=None, block_q=16, block_k=16):
+    """The library's loop without its checks: mha.flash.flash_attention_forward."""
+    L, S, G = q.shape[2], k.shape[2], q.shape[1] // k.shape[1]
+    mask = mha.causal_mask_bottom_right(L, S) if causal == "bottom-right" else None
+    k, v = (t.repeat_interleave(G, 1) for t in (k, v))
+    options = {"scale": q.shape[-1] ** -0.5, "block_size": block_k}
+    out, lse = flash.flash_attention_forward(q, k, v, mask, causal == "top-left", **options)
+    return out, lse.float()
+
+
+def _flash_by_sdpa(q, k, v, causal=None, block_q=16, block_k=16):
+    """F.scaled_dot_product_attention for out, torch.logsumexp of every score for lse."""
+    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True), torch.zeros(q.shape[:-1])
+
+
+def _defined_in(module: Any) -> list[Callable[..., Any]]:
+    """Every function a module defines, public and private, its classes' methods included."""
+    found: list[Callable[..., Any]] = []
+    for obj in vars(module).values():
+        if getattr(obj, "__module__", None) != module.__name__:
+            continue
+        members = vars(obj).values() if isinstance(obj, type) else (obj,)
+        for f in members:
+            f = f.__func__ if isinstance(f, (staticmethod, classmethod)) else f
+            if isinstance(f, FunctionType):
+                found.append(f)
+    return found
+
+
+class _NoReadyMade(Sequence):
+    """The functions the tiled forward must not call; the Triton forward's once it is loaded
+    (importing it here would import Triton before a notebook can choose its interpreter)."""
+
+    def __init__(self, fixed: Sequence[Callable[..., Any]]) -> None:
+        self.fixed = tuple(fixed)
+
+    @cache  # noqa: B019 - two states at most: with and without the Triton module
+    def _with(self, triton_flash: Any) -> tuple[Callable[..., Any], ...]:
+        return self.fixed + (tuple(_defined_in(triton_flash)) if triton_flash else ())
+
+    def _all(self) -> tuple[Callable[..., Any], ...]:
+        return self._with(sys.modules.get("mha.triton_flash"))
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def]
+        return self._all()[index]
+
+    def __iter__(self) -> Iterator[Callable[..., Any]]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+_SOFTMAX_NAMES = ("softmax", "log_softmax")
+_FLASH_BANNED = _NoReadyMade(
+    (
+        *_defined_in(flash),
+        *_defined_in(attention),
+        F.scaled_dot_product_attention,
+        F.multi_head_attention_forward,
+        flex_attention,
+        mha.varlen_attention,
+        mha.paged_attention,
+        mha.flash_decoding,
+        mha.topk_sparse_attention,
+        *(getattr(m, n) for m in (torch, torch.special, F, Tensor) for n in _SOFTMAX_NAMES),
+        torch._softmax,
+    )
+)
+
+_FLASH_NO_LIBRARY = (
+    "write the tile loop yourself: nothing from mha.flash (flash_attention, tile_schedule, "
+    "online_softmax_update ...), no ready-made attention (mha.scaled_dot_product_attention, "
+    "F.scaled_dot_product_attention ...) and no softmax function: the online softmax is the point."
+)
+_FLASH_RESCALE = (
+    "When a tile raises a row's maximum, shrink what it holds: alpha = exp(m - m_new), "
+    "l = alpha * l + p.sum(-1), acc = alpha * acc + p @ v_tile."
+)
+_FLASH_LSE = "lse is m + log(l): l counts exp(score - m), relative to the running maximum m."
+_FLASH_ALIGN = (
+    "causal='bottom-right' puts the L queries at the end of the S keys: query i sees key j "
+    "when j <= i + S - L ('top-left': j <= i)."
+)
+_FLASH_SKIP = (
+    "Right values, but the skip is the point: a query block never computes a key tile whose first "
+    "key k0 is past what its last row sees (k0 > q1 - 1 + offset); only the tiles on the "
+    "diagonal need a mask."
+)
+_FLASH_ONE_TILE = (
+    "Compute the scores one tile at a time: q[..., q0:q1, :] @ k[..., k0:k1, :].mT, at most "
+    "(block_q, block_k) per head, folded into m, l and acc before the next one."
+)
+_FLASH_NO_MATRIX = (
+    "Never keep the whole (L, S) matrix, of scores or of a mask: fold each tile into m, l and "
+    "acc and let it go; build a diagonal tile's mask from torch.arange of its rows and keys."
+)
+_FLASH_FLOAT32 = (
+    "Keep the scores, m, l and acc in float32 (q.float() ...) and round only out to the input's "
+    "dtype at the end; lse stays float32."
+)
+_FLASH_EMPTY = (
+    "A row that has seen no visible key keeps m = -inf: subtract 0 there, not m (exp(-inf + inf) "
+    "is NaN), and give it out = 0 (l is 0) and lse = -inf."
+)
+_FLASH_SUCCESS = (
+    f"out and lse match SDPA and torch.logsumexp in {len(_FLASH)} cases (GQA, L ≠ S both ways, "
+    "causal bottom-right and top-left, float16, bfloat16); scores computed only for the visible "
+    "tiles, one tile per product; never held an (L, S) tensor at L=96, S=80"
+)
+
+FLASH_FORWARD = Exercise(
+    "check_flash_forward",
+    _FLASH_SUCCESS,
+    _flash_forward,
+    _flash_cases,
+    variants=(_flash_by_key_tiles, _flash_per_head),
+    mistakes=(
+        (partial(_flash_forward, keep_acc=True), _FLASH_RESCALE),
+        (partial(_flash_forward, no_max=True), _FLASH_LSE),
+        (partial(_flash_forward, top_left=True), _FLASH_ALIGN),
+        (partial(_flash_forward, no_guard=True), _FLASH_EMPTY),
+        (partial(_flash_forward, half=True), _FLASH_FLOAT32),
+        (partial(_flash_forward, all_tiles=True), _FLASH_SKIP),
+        (_flash_whole_scores, _FLASH_NO_MATRIX),
+        (_flash_all_at_once, _FLASH_ONE_TILE),
+        (_flash_by_library, _FLASH_NO_LIBRARY),
+        (_flash_by_helper, _FLASH_NO_LIBRARY),
+        (_flash_by_sdpa, _FLASH_NO_LIBRARY),
+    ),
+    hint={
+        "out": "Per query block: m = -inf, l = 0, acc = 0; for each visible key tile update them "
+        "(alpha = exp(m - m_new) rescales l and acc); then out = acc / l.",
+        "lse": _FLASH_LSE,
+        "scores_computed": "Compute each visible tile's scores with one matrix product (@, "
+        "torch.matmul or torch.einsum), and no tile that no row of the query block sees.",
+    },
+    crash_hint="q is (B, H, L, D), k and v are (B, Hkv, S, D) with H a multiple of Hkv: query "
+    "head h reads key/value head h // (H // Hkv).",
+    exact_dtype=True,
+    outputs=("out", "lse", "scores_computed"),
+    call=_flash_run,
+    forbidden=_FLASH_BANNED,
+    forbidden_hint=_FLASH_NO_LIBRARY,
+    params=("my_flash_forward",),
+    doc="Check ``my_flash_forward(q, k, v, causal=None, block_q=16, block_k=16) -> (out, lse)``, "
+    "the whole tiled forward with an online softmax, against SDPA and torch.logsumexp; with the "
+    "scores its matrix products computed (only the visible tiles, one tile per product) and, "
+    "in one case, no tensor as large as an (L, S) score matrix.",
+)
+
 
 EXERCISES = publish(globals())
