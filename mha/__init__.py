@@ -37,7 +37,7 @@ Two folders build on that code, and nothing in it imports them:
 
 * ``mha/lab/`` — the instruments that measure and draw: :mod:`mha.timing`, :mod:`mha.memory`,
   :mod:`mha.bench`, :mod:`mha.fit`, :mod:`mha.claims`, :mod:`mha.hardware`, :mod:`mha.viz`,
-  :mod:`mha.charts`, :mod:`mha.figures`, :mod:`mha.shapes`, :mod:`mha.processes` (each is ``mha.lab.<name>``, see :mod:`mha.lab`), and
+  :mod:`mha.charts`, :mod:`mha.figures`, :mod:`mha.shapes`, :mod:`mha.processes`, :mod:`mha.writer` (each is ``mha.lab.<name>``, see :mod:`mha.lab`), and
   :func:`expect_error`, which shows a deliberate error in a notebook without stopping it;
 * ``mha/exercises/`` — :mod:`mha.exercises`, the checkers of your answers to the exercises.
 
@@ -143,5 +143,6 @@ __all__ = [
     "topk_sparse_attention",
     "varlen_attention",
     "viz",
+    "writer",
     "yarn_frequencies",
 ]

@@ -27,7 +27,7 @@ from torch.nn.functional import scaled_dot_product_attention as sdpa_alias  # li
 import mha
 import mha.exercises
 from mha import apply_rope, decoding, flash, kv_memory, merge_partials, rope  # likewise
-from mha.exercises import EXERCISES, ExerciseError, ch05, ch07
+from mha.exercises import EXERCISES, ExerciseError, _flash_forward, _tiled_backward, ch07
 from mha.exercises._harness import watch
 from mha.gated_delta import gated_delta_rule as gated_delta_alias  # likewise
 from mha.kv_memory import kv_cache_bytes as cache_bytes_alias  # likewise
@@ -214,14 +214,17 @@ EVASIONS = [
         "mha.flash.tile_schedule, imported before the check, for the tiles of a correct loop",
         lambda q, k, v, **kw: (
             flash.tile_schedule(q.shape[-2], k.shape[-2], block_size=kw["block_k"]),
-            *ch05._flash_by_key_tiles(q, k, v, **kw),
+            *_flash_forward._flash_by_key_tiles(q, k, v, **kw),
         )[1:],
         "write the tile loop yourself",
     ),
     (
         "check_flash_forward",
         "Tensor.softmax on one tile, the rest of a correct loop around it",
-        lambda q, k, v, **kw: (q[..., :4, :].softmax(-1), *ch05._flash_per_head(q, k, v, **kw))[1:],
+        lambda q, k, v, **kw: (
+            q[..., :4, :].softmax(-1),
+            *_flash_forward._flash_per_head(q, k, v, **kw),
+        )[1:],
         "write the tile loop yourself",
     ),
     (
@@ -288,7 +291,7 @@ EVASIONS = [
         "a private helper of mha.flash (_tile_scores) inside a loop of its own",
         lambda q, k, v, *rest, **kw: (
             flash._tile_scores(q, k, flash.Tile(0, 1, 0, 1), None, None),
-            ch07._tiled_backward(q, k, v, *rest, **kw),
+            _tiled_backward._tiled_backward(q, k, v, *rest, **kw),
         )[1],
         "write the tiled backward yourself",
     ),

@@ -252,6 +252,17 @@ def watch(banned: Sequence[Callable[..., Any]], message: str) -> Iterator[None]:
         raise ExerciseError(message)
 
 
+#: What the backward exercises are to do by hand: autograd in every form, and torch's own kernel.
+AUTOGRAD = (
+    torch.autograd.grad,
+    torch.autograd.backward,
+    Tensor.backward,
+    *(getattr(torch.func, n) for n in ("grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd")),
+    *(getattr(torch.autograd.functional, n) for n in ("jacobian", "vjp", "jvp", "vhp", "hvp")),
+    torch._softmax_backward_data,
+)
+
+
 class _SizeLimit(TorchFunctionMode):
     """Sees the result of every torch function called while it is active: the torch half of
     :func:`never_larger`."""

@@ -14,7 +14,9 @@ here only observes it:
 * :mod:`~mha.lab.figures` — the book's one-off diagrams (the layer, the head split, the roofline);
 * :mod:`~mha.lab.shapes` — the dimension walk: a layer run step by step, every shape in a table;
 * :mod:`~mha.lab.demo` — show a deliberate error in a notebook without stopping it;
-* :mod:`~mha.lab.processes` — start local processes in a gloo group and run jobs in them.
+* :mod:`~mha.lab.processes` — start local processes in a gloo group and run jobs in them;
+* :mod:`~mha.lab.writer` — the workbench of section 4.4: the course's prose as characters, a small
+  model around a learner's attention layer, its training, its sampling and its attention maps.
 
 Dependencies run one way: the lab imports the attention code (``mha.*``), never the reverse, and
 ``mha.exercises`` builds on both. Every module is also reachable as ``mha.<name>`` (``mha.bench``,
@@ -36,4 +38,5 @@ MODULES = (
     "shapes",
     "demo",
     "processes",
+    "writer",
 )
