@@ -8,7 +8,6 @@ import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from functools import cache, partial
-from types import FunctionType
 from typing import Any, NamedTuple
 
 import torch
@@ -20,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 import mha
 
 from .. import attention, flash
-from ._harness import Case, Exercise, ExerciseError, never_larger, tr
+from ._harness import Case, Exercise, ExerciseError, defined_in, never_larger, tr
 
 # --- 5.3: the whole tiled forward, the capstone ----------------------------------------------
 
@@ -344,20 +343,6 @@ def _flash_by_sdpa(q, k, v, causal=None, block_q=16, block_k=16):
     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True), torch.zeros(q.shape[:-1])
 
 
-def _defined_in(module: Any) -> list[Callable[..., Any]]:
-    """Every function a module defines, public and private, its classes' methods included."""
-    found: list[Callable[..., Any]] = []
-    for obj in vars(module).values():
-        if getattr(obj, "__module__", None) != module.__name__:
-            continue
-        members = vars(obj).values() if isinstance(obj, type) else (obj,)
-        for f in members:
-            f = f.__func__ if isinstance(f, (staticmethod, classmethod)) else f
-            if isinstance(f, FunctionType):
-                found.append(f)
-    return found
-
-
 class _NoReadyMade(Sequence):
     """The functions the tiled forward must not call; the Triton forward's once it is loaded
     (importing it here would import Triton before a notebook can choose its interpreter)."""
@@ -367,7 +352,7 @@ class _NoReadyMade(Sequence):
 
     @cache  # noqa: B019 - two states at most: with and without the Triton module
     def _with(self, triton_flash: Any) -> tuple[Callable[..., Any], ...]:
-        return self.fixed + (tuple(_defined_in(triton_flash)) if triton_flash else ())
+        return self.fixed + (tuple(defined_in(triton_flash)) if triton_flash else ())
 
     def _all(self) -> tuple[Callable[..., Any], ...]:
         return self._with(sys.modules.get("mha.triton_flash"))
@@ -385,8 +370,8 @@ class _NoReadyMade(Sequence):
 _SOFTMAX_NAMES = ("softmax", "log_softmax")
 _FLASH_BANNED = _NoReadyMade(
     (
-        *_defined_in(flash),
-        *_defined_in(attention),
+        *defined_in(flash),
+        *defined_in(attention),
         F.scaled_dot_product_attention,
         F.multi_head_attention_forward,
         flex_attention,

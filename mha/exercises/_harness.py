@@ -31,7 +31,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import BuiltinFunctionType, FunctionType, MethodDescriptorType
+from types import BuiltinFunctionType, FunctionType, MethodDescriptorType, ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -261,6 +261,24 @@ AUTOGRAD = (
     *(getattr(torch.autograd.functional, n) for n in ("jacobian", "vjp", "jvp", "vhp", "hvp")),
     torch._softmax_backward_data,
 )
+
+
+def defined_in(module: ModuleType) -> list[Callable[..., Any]]:
+    """Every function ``module`` defines, public and private: its functions and its classes'
+    methods (static, class and property ones too). A ban on a module the learner re-writes covers
+    all of them, so that a private helper is no way around it."""
+    found: list[Callable[..., Any]] = []
+    for obj in vars(module).values():
+        if getattr(obj, "__module__", None) != module.__name__:
+            continue
+        if isinstance(obj, FunctionType):
+            found.append(obj)
+        elif isinstance(obj, type):
+            for member in vars(obj).values():
+                member = getattr(member, "__func__", getattr(member, "fget", member))
+                if isinstance(member, FunctionType):
+                    found.append(member)
+    return found
 
 
 class _SizeLimit(TorchFunctionMode):

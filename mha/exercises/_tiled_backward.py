@@ -7,7 +7,6 @@ import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import FunctionType
 from typing import Any
 
 import torch
@@ -21,6 +20,7 @@ from ._harness import (
     Case,
     Exercise,
     ExerciseError,
+    defined_in,
     never_larger,
     randn64,
     slipped,
@@ -28,20 +28,6 @@ from ._harness import (
 )
 
 # --- the capstone: the whole tiled backward pass ------------------------------------------------
-
-
-def _defined_in(module: object) -> list[Callable[..., Any]]:
-    """Every function a module defines, public and private, and the methods of its classes."""
-    found: list[Callable[..., Any]] = []
-    for value in vars(module).values():
-        if getattr(value, "__module__", None) != module.__name__:  # type: ignore[attr-defined]
-            continue
-        if isinstance(value, FunctionType):
-            found.append(value)
-        elif isinstance(value, type):
-            found += [f for f in vars(value).values() if isinstance(f, FunctionType)]
-            found += [f.__func__ for f in vars(value).values() if isinstance(f, staticmethod)]
-    return found
 
 
 def _torch_backward_kernels() -> list[Any]:
@@ -80,7 +66,7 @@ def _triton_backward() -> list[Callable[..., Any]]:
 TILED_BANNED = (
     *AUTOGRAD,
     *_torch_backward_kernels(),
-    *_defined_in(flash),
+    *defined_in(flash),
     *_triton_backward(),
 )
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from types import FunctionType, ModuleType
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,30 +29,14 @@ from torch import Tensor, nn
 from .. import attention as _attention_module
 from .. import multihead as _multihead_module
 from ..lab import writer
-from ._harness import NO_SDPA, Case, Exercise, ExerciseError, NotAttempted, is_stub, tr
-
-
-def _defined_in(module: ModuleType) -> list[Any]:
-    """Every function defined in ``module``: its functions and its classes' methods (static,
-    class and property ones too), public and private."""
-    found: list[Any] = []
-    for obj in vars(module).values():
-        if isinstance(obj, FunctionType) and obj.__module__ == module.__name__:
-            found.append(obj)
-        elif isinstance(obj, type) and obj.__module__ == module.__name__:
-            for member in vars(obj).values():
-                member = getattr(member, "__func__", getattr(member, "fget", member))
-                if isinstance(member, FunctionType):
-                    found.append(member)
-    return found
-
+from ._harness import NO_SDPA, Case, Exercise, ExerciseError, NotAttempted, defined_in, is_stub, tr
 
 #: What the learner writes may not call: all of mha's attention and multi-head code, and torch's.
-BANNED = (
+BANNED: tuple[Callable[..., Any], ...] = (
     *NO_SDPA,
     nn.MultiheadAttention.forward,
-    *_defined_in(_attention_module),
-    *_defined_in(_multihead_module),
+    *defined_in(_attention_module),
+    *defined_in(_multihead_module),
 )
 NO_READY_MADE = (
     "write the attention yourself: no mha attention code, nn.MultiheadAttention, "

@@ -3,7 +3,6 @@ prediction is checked against the kernel torch really picks (:mod:`mha.hardware`
 
 from __future__ import annotations
 
-import inspect
 import math
 import numbers
 from collections.abc import Callable
@@ -20,7 +19,16 @@ import mha
 
 from .. import flash
 from ..lab.hardware import sdpa_backends
-from ._harness import Case, Exercise, ExerciseError, as_mapping, never_larger, publish, tr
+from ._harness import (
+    Case,
+    Exercise,
+    ExerciseError,
+    as_mapping,
+    defined_in,
+    never_larger,
+    publish,
+    tr,
+)
 
 _ACC = "acc_new = exp(m - m_new) * acc + exp(scores - m_new) @ value"
 _HINT_ACC_RESCALE = f"Rescale the old acc to the new maximum: {_ACC}."
@@ -597,9 +605,7 @@ VISIBLE_TILES = Exercise(
     crash_hint="Return a bool tensor of shape (ceil(L / block_size), ceil(S / block_size)).",
     exact_dtype=True,
     call=_call_without_mask,
-    forbidden=tuple(
-        f for f in vars(flash).values() if inspect.isfunction(f) and f.__module__ == flash.__name__
-    ),
+    forbidden=tuple(defined_in(flash)),
     forbidden_hint=_NO_FLASH,
     params=("my_visible_tiles",),
     doc="Check ``my_visible_tiles(L, S, block_size, window) -> (ceil(L/b), ceil(S/b)) bool``, the "
