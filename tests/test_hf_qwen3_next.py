@@ -5,6 +5,7 @@ import torch
 
 import mha
 from mha.models import load_fixture
+from mha.models.gated_deltanet import GatedDeltaNet, RecurrentState
 
 
 def load(name):
@@ -37,8 +38,8 @@ def test_gate_closed_gives_only_the_bias():
 
 def test_bad_layer_and_weights():
     config, state, layer_idx, _ = load("qwen3_next_full")
-    with pytest.raises(ValueError, match="layer_types\\[0\\] is 'linear_attention'"):
-        mha.from_hf("qwen3_next", config, state, layer_idx=0)
+    with pytest.raises(ValueError, match=r"missing keys \['A_log', 'conv1d.weight'"):
+        mha.from_hf("qwen3_next", config, state, layer_idx=0)  # layer 0 is a linear layer
     with pytest.raises(ValueError, match=r"missing keys \['k_norm.weight'\]"):
         mha.from_hf(
             "qwen3_next",
@@ -75,3 +76,60 @@ def test_cached_decoding_equals_hugging_face_with_its_cache(case):
         for t in range(n, f.x.shape[1]):
             outs.append(module(f.x[:, t : t + 1], f.positions[:, t : t + 1], kv_cache=cache))
     torch.testing.assert_close(torch.cat(outs, dim=1), f.out_cached)
+
+
+# --- the linear-attention layer: Gated DeltaNet with its projections, convolution and gates ----
+
+LINEAR = ["linear", "linear_long"]  # grouped heads (Hk 2, Hv 4); two chunks of 64, no grouping
+
+
+@pytest.mark.parametrize("case", LINEAR)
+def test_linear_layer_equals_hugging_face(case):
+    f = load_fixture(f"qwen3_next_{case}")
+    assert f.config["layer_types"][f.layer_idx] == "linear_attention"
+    module = mha.from_hf("qwen3_next", f.config, f.state_dict, layer_idx=f.layer_idx)
+    assert isinstance(module, GatedDeltaNet)
+    with torch.no_grad():
+        torch.testing.assert_close(module(f.x), f.out)
+
+
+@pytest.mark.parametrize("case", LINEAR)
+def test_linear_layer_decodes_with_a_fixed_size_state_as_hugging_face_does(case):
+    f = load_fixture(f"qwen3_next_{case}")
+    module = mha.from_hf("qwen3_next", f.config, f.state_dict, layer_idx=f.layer_idx)
+    state, n = RecurrentState(), f.prefill
+    with torch.no_grad():
+        outs = [module(f.x[:, :n], kv_cache=state)]
+        after_prompt = state.nbytes()
+        outs += [module(f.x[:, t : t + 1], kv_cache=state) for t in range(n, f.x.shape[1])]
+    torch.testing.assert_close(torch.cat(outs, dim=1), f.out_cached)  # HF's cached run
+    torch.testing.assert_close(torch.cat(outs, dim=1), f.out)  # and the full pass
+    assert len(state) == f.x.shape[1]
+    assert state.nbytes() == after_prompt  # the state does not grow with the text
+
+
+def test_linear_layer_in_uneven_chunks_equals_one_pass():
+    f = load_fixture("qwen3_next_linear_long")
+    module = mha.from_hf("qwen3_next", f.config, f.state_dict, layer_idx=f.layer_idx)
+    state, bounds = RecurrentState(), [0, 1, 3, 40, 41, 70]  # shorter than the kernel, then longer
+    with torch.no_grad():
+        outs = [module(f.x[:, a:b], kv_cache=state) for a, b in zip(bounds, bounds[1:])]
+    torch.testing.assert_close(torch.cat(outs, dim=1), f.out)
+
+
+def test_linear_layer_bad_input():
+    f = load_fixture("qwen3_next_linear")
+    module = mha.from_hf("qwen3_next", f.config, f.state_dict, layer_idx=f.layer_idx)
+    with pytest.raises(TypeError, match="must be a RecurrentState .* got KVCache"):
+        module(f.x, kv_cache=mha.KVCache())
+    with pytest.raises(ValueError, match=r"x must have E = hidden_size = 48, got x \(2, 13, 40\)"):
+        module(f.x[..., :40])
+    with pytest.raises(ValueError, match=r"config is missing \['linear_conv_kernel_dim'\]"):
+        config = {k: v for k, v in f.config.items() if k != "linear_conv_kernel_dim"}
+        mha.from_hf("qwen3_next", config, f.state_dict, layer_idx=f.layer_idx)
+    with pytest.raises(ValueError, match=r"state_dict\['dt_bias'\] has shape \(4,\), the config"):
+        mha.from_hf("qwen3_next", {**f.config, "linear_num_value_heads": 2}, f.state_dict,
+                    layer_idx=f.layer_idx)  # fmt: skip
+    with pytest.raises(ValueError, match=r"num_value_heads \(4\) must be divisible by"):
+        mha.from_hf("qwen3_next", {**f.config, "linear_num_key_heads": 3}, f.state_dict,
+                    layer_idx=f.layer_idx)  # fmt: skip

@@ -251,6 +251,62 @@ def make_qwen3_next() -> None:
         _save("qwen3_next", case, config, layer_idx, attn, x, positions, out, 5, cached, rotary)
 
 
+def make_qwen3_next_linear() -> None:
+    """Qwen3-Next's linear-attention layer (Gated DeltaNet): its projections, short convolution,
+    gates and gated RMSNorm around the rule. HF's cached run keeps a convolution state and a
+    recurrent state per request (its DynamicCache's linear-attention layer), no keys or values."""
+    from transformers.cache_utils import DynamicCache
+    from transformers.models.qwen3_next import modeling_qwen3_next as m
+
+    cases = {  # name: (q/k heads, value heads, Dk, Dv, conv kernel, L, prefill)
+        "linear": (2, 4, 8, 6, 4, 13, 5),  # two value heads per q/k head, as Qwen3-Next (16, 32)
+        "linear_long": (2, 2, 8, 8, 3, 70, 66),  # two chunks of 64; no grouping
+    }
+    for seed, (case, (Hk, Hv, Dk, Dv, K, L, prefill)) in enumerate(cases.items()):
+        config = m.Qwen3NextConfig(
+            hidden_size=48,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_hidden_layers=4,
+            layer_types=["linear_attention"] * 3 + ["full_attention"],
+            linear_num_key_heads=Hk,
+            linear_num_value_heads=Hv,
+            linear_key_head_dim=Dk,
+            linear_value_head_dim=Dv,
+            linear_conv_kernel_dim=K,
+        )
+        config._attn_implementation = "eager"
+        layer_idx, B = 1, 2
+        layer = m.Qwen3NextGatedDeltaNet(config, layer_idx).eval()
+        _fill(layer, seed=70 + seed)
+        x, positions = _inputs(80 + seed, B, L, config.hidden_size, [0, 0])
+        with torch.no_grad():
+            out = layer(x)
+            cache = DynamicCache(config=config)
+            outs = [layer(x[:, :prefill], cache=cache)]
+            outs += [layer(x[:, t : t + 1], cache=cache) for t in range(prefill, L)]
+        out_cached = torch.cat(outs, dim=1)
+        torch.testing.assert_close(out_cached, out, atol=1e-5, rtol=1e-5)
+        arrays = {
+            "prefill": np.array(prefill),
+            "rope_inv_freq": np.zeros(0, dtype=np.float32),  # a linear layer has no RoPE
+            "rope_attention_scaling": np.array(1.0),
+            "out_cached": out_cached.numpy(),
+            "config": np.array(json.dumps(config.to_dict(), default=str, sort_keys=True)),
+            "layer_idx": np.array(layer_idx),
+            "x": x.numpy(),
+            "positions": positions.numpy(),
+            "out": out.numpy(),
+            "transformers_version": np.array(transformers.__version__),
+        }
+        for key, value in layer.state_dict().items():
+            arrays[f"state_dict/{key}"] = value.detach().numpy()
+        path = OUT_DIR / f"qwen3_next_{case}.npz"
+        np.savez_compressed(path, **arrays)
+        print(f"{path.relative_to(OUT_DIR.parent.parent.parent)}: {path.stat().st_size} bytes")
+
+
 def make_gpt_oss_and_variant() -> None:
     """gpt-oss's fixtures: its own settings, and the variant."""
     make_gpt_oss()
@@ -260,6 +316,7 @@ def make_gpt_oss_and_variant() -> None:
 FAMILIES = {
     "gpt_oss": make_gpt_oss_and_variant,
     "qwen3_next": make_qwen3_next,
+    "qwen3_next_linear": make_qwen3_next_linear,
     # DeepSeek V3 and V3.2 (MLA, the lightning indexer): tools/hf_fixtures_deepseek.py, whose
     # fixtures go to tests/fixtures/hf/ (section 10.3 reads mha/models/deepseek_v3_hf.json).
     **hf_fixtures_deepseek.FAMILIES,

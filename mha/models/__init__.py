@@ -7,7 +7,9 @@ check that it gives Hugging Face's output. One module per family:
 
 * ``gpt_oss`` (:mod:`mha.models.gpt_oss`) — learned sinks, sliding/full layers, YaRN RoPE;
 * ``qwen3_next`` (:mod:`mha.models.qwen3_next`) — the full-attention layer: output gate, QK-norm,
-  partial RoPE;
+  partial RoPE; and the linear-attention layer (:mod:`mha.models.gated_deltanet`): Gated DeltaNet
+  with its projections, short convolution, gates and gated RMSNorm, decoding with a fixed-size
+  state per request;
 * ``deepseek_v3`` (:mod:`mha.models.deepseek_v3`) — MLA: low-rank query, compressed KV with its
   RMSNorm, decoupled RoPE, YaRN;
 * ``deepseek_v32`` (:mod:`mha.models.deepseek_v32`) — V3's MLA with the lightning indexer's

@@ -106,15 +106,21 @@ class GatedAttention(nn.Module):
 
 def from_hf(
     config: Mapping[str, Any], state_dict: Mapping[str, Any], *, layer_idx: int = 0
-) -> GatedAttention:
-    """:func:`mha.from_hf` for ``family="qwen3_next"`` (a full-attention layer)."""
-    E, H, Hkv, D = _hf.attention_dims(config, FAMILY)
+) -> nn.Module:
+    """:func:`mha.from_hf` for ``family="qwen3_next"``: a full-attention layer
+    (:class:`GatedAttention`) or a linear-attention one
+    (:class:`mha.models.gated_deltanet.GatedDeltaNet`), as ``layer_types`` says."""
     kind = _hf.layer_type(config, FAMILY, layer_idx)
+    if kind == "linear_attention":
+        from . import gated_deltanet  # the Gated DeltaNet layer, with its convolution and gates
+
+        return gated_deltanet.from_hf(config, state_dict, layer_idx=layer_idx)
     if kind != "full_attention":
         raise ValueError(
-            f"{FAMILY}: layer_types[{layer_idx}] is {kind!r}; from_hf builds the full_attention "
-            f"layers (a linear_attention layer is Gated DeltaNet)"
+            f"{FAMILY}: layer_types[{layer_idx}] is {kind!r}; from_hf builds full_attention and "
+            f"linear_attention layers"
         )
+    E, H, Hkv, D = _hf.attention_dims(config, FAMILY)
     frequencies, attention_factor, R = _hf.rope(config, FAMILY, D)
     module = GatedAttention(
         E,
