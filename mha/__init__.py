@@ -17,6 +17,11 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
 * :func:`ring_attention`, :class:`TensorParallelAttention` — attention across processes on
   ``torch.distributed`` (``mha/distributed.py``)
 * :func:`varlen_attention` — packed sequences, FlashAttention's ``cu_seqlens`` layout (``mha/varlen.py``)
+* :func:`paged_varlen_attention` — prompt chunks and decode steps in one call over the paged pool
+  (``mha/chunked_prefill.py``)
+* :func:`cascade_attention` — a shared prefix attended once for the whole batch (``mha/cascade.py``)
+* :func:`tree_attention_mask`, :func:`verify_greedy` — speculative decoding's verification step
+  (``mha/speculative.py``)
 * :func:`apply_rope` — rotary position embedding, Llama's rotate-half pairing (``mha/rope.py``)
 * :func:`yarn_frequencies` — YaRN's RoPE speeds for a longer context (``mha/rope.py``)
 * :func:`rms_norm`, :class:`RMSNorm` — RMSNorm, e.g. on each head's queries and keys (``mha/norms.py``)
@@ -49,6 +54,8 @@ import importlib
 
 from .attention import scaled_dot_product_attention, softmax
 from .block import TransformerBlock
+from .cascade import cascade_attention
+from .chunked_prefill import paged_varlen_attention
 from .decoding import PreallocatedKVCache, flash_decoding, merge_partials
 from .device import quiet_missing_gpu_notice as _quiet_missing_gpu_notice
 from .distributed import TensorParallelAttention, count_traffic, ring_attention
@@ -67,6 +74,7 @@ from .norms import RMSNorm, rms_norm
 from .paged import PagedKVCache, paged_attention
 from .rope import apply_rope, rope_frequencies, yarn_frequencies
 from .sparse import topk_keep_mask, topk_sparse_attention
+from .speculative import Verification, tree_attention_mask, verify_greedy
 from .varlen import varlen_attention
 
 # A CUDA build of torch without a GPU (Colab's CPU runtime) logs that it found no CUDA runtime
@@ -103,8 +111,10 @@ __all__ = [
     "RMSNorm",
     "TensorParallelAttention",
     "TransformerBlock",
+    "Verification",
     "apply_rope",
     "bench",
+    "cascade_attention",
     "causal_mask",
     "causal_mask_bottom_right",
     "charts",
@@ -128,6 +138,7 @@ __all__ = [
     "online_softmax_update",
     "padding_mask",
     "paged_attention",
+    "paged_varlen_attention",
     "processes",
     "quantize_kv",
     "ring_attention",
@@ -141,7 +152,9 @@ __all__ = [
     "timing",
     "topk_keep_mask",
     "topk_sparse_attention",
+    "tree_attention_mask",
     "varlen_attention",
+    "verify_greedy",
     "viz",
     "writer",
     "yarn_frequencies",

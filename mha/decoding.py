@@ -10,7 +10,7 @@ tensor, so decoding ``N`` tokens copies ``O(N²)`` numbers. Serving systems do b
   needs it, so many sequences of unknown length share one pool without reserving ``max_len`` each.
 
 Both can be passed as ``kv_cache=`` to :class:`mha.MultiHeadAttention` and give the same outputs
-as :class:`mha.KVCache`.
+as :class:`mha.KVCache`: each provides ``attend``, the attention over what it holds.
 
 :func:`flash_decoding` is the attention of one decoding step split over the keys: each split
 gives a partial output and its logsumexp, and :func:`merge_partials` combines them exactly.
@@ -26,15 +26,17 @@ from torch import Tensor
 from . import validation as validate
 from .attention import check_arguments
 from .flash import _flash_attention
+from .multihead import ContiguousCache
 
 
-class PreallocatedKVCache:
+class PreallocatedKVCache(ContiguousCache):
     """A key/value cache with room for ``max_len`` positions, allocated once.
 
     The buffers are allocated on the first :meth:`update` (which fixes batch, heads, head dims,
     dtype and device); every update writes into the next free rows, and returns views of the
     rows filled so far: no step copies the old keys again. :meth:`reset` keeps the buffers for
-    the next sequence.
+    the next sequence. ``attend`` (from :class:`mha.multihead.ContiguousCache`) writes and
+    attends over those views.
 
     Args:
         max_len: the most positions it can hold; one more is an error, not a silent reallocation.

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from . import validation as validate
+from .multihead import ContiguousCache
 
 #: Granularities: the dim the scale is taken over (its max), for ``(B, Hkv, S, D)``.
 GRANULARITIES = {"token": -1, "channel": -2}
@@ -89,12 +90,13 @@ def quantize_kv(
     return QuantizedKV(data, scale)
 
 
-class QuantizedKVCache:
+class QuantizedKVCache(ContiguousCache):
     """A KV cache that stores keys and values in 8 bits, quantised per token as they arrive.
 
     Pass it as ``kv_cache=`` to :class:`mha.MultiHeadAttention` like :class:`mha.KVCache`.
     ``update`` quantises only the new tokens (per-token scales never change once written) and
-    returns the whole cache read back in the new tokens' dtype: what attention then sees.
+    returns the whole cache read back in the new tokens' dtype: what attention then sees
+    (``attend``, from :class:`mha.multihead.ContiguousCache`, attends over it).
 
     Args:
         dtype: ``torch.int8`` or ``torch.float8_e4m3fn``.

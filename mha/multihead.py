@@ -1,4 +1,9 @@
-"""Multi-head attention as a module, with swappable attention backends and a key/value cache."""
+"""Multi-head attention as a module, with swappable attention backends and a key/value cache.
+
+The layer knows no cache type: a cache passed as ``kv_cache=`` stores the new keys and values and
+attends over itself (:meth:`KVCacheProtocol.attend`). The caches whose keys are one contiguous
+tensor share :class:`ContiguousCache`'s ``attend``; a paged cache reads its blocks its own way.
+"""
 
 from __future__ import annotations
 
@@ -16,23 +21,31 @@ from . import validation as validate
 from .attention import _attention
 from .flash import _flash_attention
 from .masks import _causal_mask
-from .paged import PagedKVCache, _attend_paged
 from .rope import _apply_rope
 
 BACKENDS = ("math", "sdpa", "flash", "triton")
 STEPS = ("q", "k", "v", "weights", "heads", "concat", "out")  # what a step hook is handed
 
 
+#: How a layer attends over contiguous keys (its backend): ``attention(q, k, v, attn_mask,
+#: is_causal, need_weights) -> (out, weights | None)``, e.g. :meth:`MultiHeadAttention._attend`.
+Attention = Callable[
+    [Tensor, Tensor, Tensor, Tensor | None, bool, bool], tuple[Tensor, Tensor | None]
+]
+
+
 @runtime_checkable
 class KVCacheProtocol(Protocol):
     """What ``kv_cache=`` needs: :class:`KVCache` here, and the serving caches of
-    ``mha/decoding.py`` and ``mha/paged.py`` all provide it (a :class:`mha.PagedKVCache` is
-    read through its block table instead of what ``update`` returns).
+    ``mha/decoding.py``, ``mha/paged.py`` and ``mha/kv_quant.py`` all provide it.
 
-    ``update(key, value)`` stores this call's keys ``(B, Hkv, S_new, D)`` and values
-    ``(B, Hkv, S_new, Dv)`` and returns all of them so far, ``(B, Hkv, S, D)`` and
-    ``(B, Hkv, S, Dv)``; ``len(cache)`` is the number of positions stored (``S``); ``nbytes`` the
-    memory the cache holds; ``reset()`` empties it for a new sequence.
+    ``attend(query, key, value, ...)`` stores this call's keys ``(B, Hkv, S_new, D)`` and values
+    and returns the attention of the queries ``(B, H, S_new, D)`` over everything the cache holds,
+    with ``is_causal`` aligned bottom-right (the new queries are the last positions): how the
+    keys are read is the cache's business, so the layer that calls it knows no cache type.
+    ``update(key, value)`` only stores (and returns what the cache holds, for a contiguous
+    cache); ``len(cache)`` is the number of positions stored (``S``); ``nbytes`` the memory the
+    cache holds; ``reset()`` empties it for a new sequence.
     """
 
     def __len__(self) -> int: ...
@@ -44,13 +57,117 @@ class KVCacheProtocol(Protocol):
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]: ...
 
+    def attend(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        *,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+        dropout_p: float = 0.0,
+        scale: float | None = None,
+        attention: Attention | None = None,
+    ) -> tuple[Tensor, Tensor | None]: ...
 
-class KVCache:
+
+def _check_cache_step(query: Tensor, key: Tensor, value: Tensor) -> int:
+    """The arguments of a cache's ``attend``: one query row per new key; returns ``H // Hkv``.
+
+    Shapes:
+        query ``(B, H, S_new, D)``, key ``(B, Hkv, S_new, D)``, value ``(B, Hkv, S_new, Dv)``.
+    """
+    validate.kv_step(key, value)
+    validate.tensor("query", query, floating=True, ndim=4, layout="(B, H, S_new, D)")
+    groups = validate.qkv(query, key, value, enable_gqa=True)
+    if query.shape[-2] != key.shape[-2]:
+        raise ValueError(
+            "query must have one row per new key and value (B, H, S_new, D), got query "
+            f"{validate.shape(query)} and key {validate.shape(key)}"
+        )
+    return groups
+
+
+def _and_mask(attn_mask: Tensor | None, keep: Tensor) -> Tensor:
+    """Combine a user mask (bool keep-mask or float bias, already checked) with a bool
+    keep-mask ``(L, S)``."""
+    if attn_mask is None:
+        return keep
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & keep
+    return attn_mask.masked_fill(~keep, float("-inf"))
+
+
+class ContiguousCache:
+    """The ``attend`` of every cache whose :meth:`update` returns all its keys and values as
+    tensors ``(B, Hkv, S, D)``: :class:`KVCache`, :class:`mha.PreallocatedKVCache`,
+    :class:`mha.QuantizedKVCache` (a subclass provides ``update``)."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def attend(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        *,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+        dropout_p: float = 0.0,
+        scale: float | None = None,
+        attention: Attention | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Store ``key``, ``value`` and attend from ``query`` over all the cache holds.
+
+        ``is_causal`` is aligned bottom-right: the ``S_new`` new queries are the last of the
+        ``S`` positions, so each sees the whole cache and the new tokens up to itself.
+
+        Args:
+            query, key, value: this step's queries and new keys and values.
+            attn_mask: keep-mask or float bias broadcasting to ``(B, H, S_new, S)``.
+            is_causal, need_weights: future keys hidden; weights returned (else ``None``).
+            dropout_p, scale: of the default attention (scale defaults to ``1/sqrt(D)``).
+            attention: attends over the contiguous keys, e.g. a layer's backend
+                (:data:`Attention`); default :func:`mha.scaled_dot_product_attention`'s math.
+
+        Shapes:
+            query ``(B, H, S_new, D)``, key ``(B, Hkv, S_new, D)``, value ``(B, Hkv, S_new, Dv)``
+            -> out ``(B, H, S_new, Dv)``, weights ``(B, H, S_new, S)`` or ``None``.
+        """
+        groups = _check_cache_step(query, key, value)
+        validate.flag("is_causal", is_causal)
+        validate.flag("need_weights", need_weights)
+        dropout_p, scale = validate.probability("dropout_p", dropout_p), validate.scale(scale)
+        if attn_mask is not None:  # the scores cover the cached keys too
+            B, H, L, _ = query.shape
+            validate.attn_mask(attn_mask, (B, H, L, len(self) + L))
+        key, value = self.update(key, value)  # (B, Hkv, S, D): the cache, new tokens last
+        L, S = query.shape[-2], key.shape[-2]
+        if is_causal and L and S > L:  # the L new queries are the last L of the S positions
+            keep = _causal_mask(L, S, diagonal=S - L, device=query.device)  # (L, S)
+            attn_mask, is_causal = _and_mask(attn_mask, keep), False  # bottom-right
+        if attention is not None:
+            return attention(query, key, value, attn_mask, is_causal, need_weights)
+        scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+        out, weights = _attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, groups, return_weights=True
+        )  # (B, H, L, Dv), (B, H, L, S)
+        return out, (weights if need_weights else None)
+
+
+class KVCache(ContiguousCache):
     """The keys and values of the tokens seen so far, for decoding one step (or chunk) at a time.
 
     Pass one ``KVCache()`` as ``kv_cache=`` to every call of :meth:`MultiHeadAttention.forward`
     while decoding a sequence. It stores keys and values *after* projection and head split, and
-    before grouped-query heads are repeated, so its memory is what a real cache costs.
+    before grouped-query heads are repeated, so its memory is what a real cache costs;
+    ``attend`` (from :class:`ContiguousCache`) appends them and attends over all of them.
 
     Shapes:
         key ``(B, Hkv, S, D)``, value ``(B, Hkv, S, Dv)`` where ``S`` grows with every update.
@@ -202,11 +319,9 @@ class MultiHeadAttention(nn.Module):
         validate.flag("need_weights", need_weights)
         if kv_cache is not None and not isinstance(kv_cache, KVCacheProtocol):
             raise TypeError(
-                "kv_cache must be a cache with update, __len__, nbytes and reset (e.g. "
-                f"mha.KVCache()), got {type(kv_cache).__name__}"
+                "kv_cache must be a cache with update, __len__, nbytes and reset (and attend, "
+                f"as mha.KVCache has), got {type(kv_cache).__name__}"
             )
-        if isinstance(kv_cache, PagedKVCache):
-            self._check_paged(attn_mask, need_weights, kv_cache)
         for name, t, width, proj in (
             ("query", query, self.embed_dim, self.q_proj),
             ("key", key, self.kdim, self.k_proj),
@@ -235,31 +350,8 @@ class MultiHeadAttention(nn.Module):
         if attn_mask is not None:  # with a cache, the scores also cover the cached keys
             S = key.shape[1] + (0 if kv_cache is None else len(kv_cache))
             validate.attn_mask(attn_mask, (query.shape[0], self.num_heads, query.shape[1], S))
-        if not need_weights and not isinstance(kv_cache, PagedKVCache):
-            # (with need_weights every backend uses the math path; a paged cache its own)
+        if not need_weights:  # (with need_weights every backend uses the math path)
             self._check_backend(query, attn_mask, is_causal, kv_cache)
-
-    def _check_paged(
-        self, attn_mask: Tensor | None, need_weights: bool, kv_cache: PagedKVCache
-    ) -> None:
-        """What attention through a paged cache's block table cannot do."""
-        if attn_mask is not None or need_weights:
-            raise ValueError(
-                "a PagedKVCache is read through paged_attention, which takes no attn_mask and "
-                f"returns no weights; got attn_mask {None if attn_mask is None else tuple(attn_mask.shape)} "
-                f"and need_weights={need_weights} (use is_causal, or mha.KVCache)"
-            )
-        if self.training and self.dropout:
-            raise ValueError(
-                f"a PagedKVCache serves inference: call .eval() first (dropout {self.dropout} "
-                "in training mode)"
-            )
-        lengths = set(kv_cache.seq_lens.tolist())
-        if self.rope and len(lengths) > 1:
-            raise ValueError(
-                "rope=True continues the positions after len(kv_cache), which needs sequences "
-                f"of one length; the PagedKVCache holds {sorted(lengths)}"
-            )
 
     def _check_backend(
         self,
@@ -276,7 +368,7 @@ class MultiHeadAttention(nn.Module):
             )
         if self.backend != "triton":
             return
-        # With a cache, is_causal becomes a bottom-right mask (see _use_cache).
+        # With a cache, is_causal becomes a bottom-right mask (see ContiguousCache.attend).
         if attn_mask is not None or (is_causal and kv_cache is not None and query.shape[1]):
             raise ValueError(
                 "backend 'triton' supports is_causal but no attn_mask (with a kv_cache, "
@@ -331,7 +423,8 @@ class MultiHeadAttention(nn.Module):
         Args:
             query, key, value: the sequences; ``key`` defaults to ``query``, ``value`` to ``key``.
             attn_mask, is_causal, need_weights: a mask, future keys hidden, weights returned.
-            kv_cache: a :class:`KVCache` (any :class:`KVCacheProtocol`) to append k and v to.
+            kv_cache: a :class:`KVCache` (any :class:`KVCacheProtocol`): it stores k and v and
+                attends over all it holds.
 
         Shapes:
             query ``(B, L, E)``, key/value ``(B, S, kdim/vdim)`` → ``(B, L, E)``, ``(B, H, L, S)``.
@@ -342,15 +435,19 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self._project(query, key, value)  # (B, H, L, D), (B, Hkv, S, D), (B, Hkv, S, D)
         self._report(q=q, k=k, v=v)  # to the step hooks, if any
         q, k = self._rotate(q, k, kv_cache)  # RoPE, if on: positions go on after the cache
-        if isinstance(kv_cache, PagedKVCache):  # read through the block table, never gathered
-            scale = 1.0 / math.sqrt(self.head_dim)
-            out, weights = _attend_paged(kv_cache, q, k, v, is_causal, scale), None  # (B, H, L, D)
-        else:
-            if kv_cache is not None:
-                k, v, attn_mask, is_causal = self._use_cache(
-                    kv_cache, q, k, v, attn_mask, is_causal
-                )
+        if kv_cache is None:
             out, weights = self._attend(q, k, v, attn_mask, is_causal, need_weights)  # (B, H, L, D)
+        else:  # the cache stores k and v and attends over all it holds, in its own way
+            out, weights = kv_cache.attend(
+                q,
+                k,
+                v,
+                attn_mask=attn_mask,
+                is_causal=is_causal,
+                need_weights=need_weights,
+                dropout_p=self.dropout if self.training else 0.0,
+                attention=self._attend,
+            )  # (B, H, L, D)
         self._report(weights=weights, heads=out)
         return self._merge(out), weights
 
@@ -368,30 +465,6 @@ class MultiHeadAttention(nn.Module):
             return q, k
         start = 0 if kv_cache is None else len(kv_cache)
         return _apply_rope(q, start, self.rope_base), _apply_rope(k, start, self.rope_base)
-
-    def _use_cache(
-        self,
-        kv_cache: KVCacheProtocol,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        attn_mask: Tensor | None,
-        is_causal: bool,
-    ) -> tuple[Tensor, Tensor, Tensor | None, bool]:
-        """Append ``k``, ``v`` to the cache and attend over all of it; ``is_causal`` becomes a
-        bottom-right mask (the ``L`` new queries are the last ``L`` of the ``S`` positions).
-
-        Shapes:
-            q ``(B, H, L, D)``, k and v ``(B, Hkv, S_new, D)``; returns k and v
-            ``(B, Hkv, S, D)`` with ``S = S_cached + S_new``, and the mask and flag to use.
-        """
-        k, v = kv_cache.update(k, v)  # (B, Hkv, S_cached + S_new, D)
-        if is_causal and q.shape[-2]:  # (no query, L = 0: nothing to hide)
-            L, S = q.shape[-2], k.shape[-2]
-            keep = _causal_mask(L, S, diagonal=S - L, device=q.device)  # (L, S), bottom-right
-            attn_mask = self._and_mask(attn_mask, keep)
-        is_causal = False  # the bottom-right mask replaces the top-left flag
-        return k, v, attn_mask, is_causal
 
     def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Project the inputs and split the heads.
@@ -472,7 +545,7 @@ class MultiHeadAttention(nn.Module):
         if self.backend == "sdpa":
             if is_causal and attn_mask is not None:  # torch takes one or the other, not both
                 if L and S:  # (with L or S = 0 there is no score to hide)
-                    attn_mask = self._and_mask(attn_mask, _causal_mask(L, S, device=q.device))
+                    attn_mask = _and_mask(attn_mask, _causal_mask(L, S, device=q.device))
                 is_causal = False
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask, dropout_p, is_causal, enable_gqa=groups > 1
@@ -493,16 +566,6 @@ class MultiHeadAttention(nn.Module):
         out = self.out_proj(concat)  # (B, L, E)
         self._report(concat=concat, out=out)
         return out
-
-    @staticmethod
-    def _and_mask(attn_mask: Tensor | None, keep: Tensor) -> Tensor:
-        """Combine a user mask (bool keep-mask or float bias, checked by :meth:`forward`) with a
-        bool keep-mask ``(L, S)``."""
-        if attn_mask is None:
-            return keep
-        if attn_mask.dtype == torch.bool:
-            return attn_mask & keep
-        return attn_mask.masked_fill(~keep, float("-inf"))
 
     @classmethod
     def from_torch(

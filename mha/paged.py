@@ -7,22 +7,32 @@ per sequence into its block and copies nothing else; a block is taken from the p
 sequence reaches it and given back when the sequence ends, so sequences of unknown length share
 one pool (continuous batching) without reserving ``max_len`` each. Sequences that start with the
 same prompt share its blocks (reference-counted); a shared block that is only partly filled is
-copied before one of them writes into it (copy-on-write).
+copied before one of them writes into it (copy-on-write). With ``prefix_caching=True`` the cache
+finds shared prompts itself: full blocks are known by a hash chained over their tokens, kept
+after their sequence ends, reused by later prompts and evicted least recently used first.
 
 :func:`paged_attention` attends from one new query per sequence to that sequence's keys, read a
 few blocks at a time through the table: no step gathers a whole sequence into one tensor.
+:meth:`PagedKVCache.attend` is what :class:`mha.MultiHeadAttention` calls with the cache.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from . import validation as validate
+from .chunked_prefill import _paged_varlen_attention
 from .decoding import _merge_partials
 from .flash import _flash_attention
+from .multihead import _check_cache_step
 
 #: Blocks read per step of :func:`paged_attention`'s loop (512 positions with blocks of 16): the
 #: working memory is this many blocks per sequence, never a whole long sequence.
@@ -37,12 +47,24 @@ class PagedKVCache:
     heads, head dims, dtype and device) and written in place afterwards: their storage stays the
     same while the pool has room. Rows of the block table are sequences: :meth:`add_sequence`
     admits one, :meth:`fork` admits one that shares another's prefix, :meth:`free_sequence` ends
-    one and gives its blocks back.
+    one and gives its blocks back. As ``kv_cache=`` of :class:`mha.MultiHeadAttention`,
+    :meth:`attend` stores each step and attends through the block table.
+
+    With ``prefix_caching=True`` the cache finds shared prefixes itself (vLLM's automatic prefix
+    caching): a full block is known by a hash chained over its parent block's hash and its token
+    ids (:meth:`block_hashes`); a sequence admitted with its prompt's token ids
+    (``add_sequence(tokens)``) starts with the blocks of the longest cached prefix of whole
+    blocks, always leaving at least one prompt token to compute; the blocks of ended sequences
+    stay cached until the pool needs them, and are then reused least recently used first.
+    Reference counts keep a block that a sequence uses from being freed or written: a shared or
+    cached block about to be written is copied first (copy-on-write).
 
     Args:
         block_size: positions per block (vLLM's default is 16).
         num_blocks: size of the pool; ``None`` grows it by whole blocks (doubling) when it runs
-            out; an int makes running out an error (a server must then evict or wait).
+            out (of free blocks, cached ones included); an int makes running out an error (a
+            server must then evict or wait).
+        prefix_caching: keep full blocks by the hash of their tokens and reuse them.
 
     Shapes:
         key_pool ``(num_blocks, Hkv, block_size, D)``, value_pool ``(num_blocks, Hkv, block_size,
@@ -50,22 +72,51 @@ class PagedKVCache:
         seq_lens ``(B,)`` int64.
     """
 
-    def __init__(self, block_size: int = 16, *, num_blocks: int | None = None) -> None:
+    def __init__(
+        self, block_size: int = 16, *, num_blocks: int | None = None, prefix_caching: bool = False
+    ) -> None:
         self.block_size = validate.positive_int("block_size", block_size)
         self.num_blocks = (
             None if num_blocks is None else validate.positive_int("num_blocks", num_blocks)
         )
+        self.prefix_caching = validate.flag("prefix_caching", prefix_caching)
         self.key_pool: Tensor | None = None
         self.value_pool: Tensor | None = None
         self._tables: list[list[int]] = []  # per sequence: logical block -> physical block
         self._lens: list[int] = []  # per sequence: positions stored
         self._refs: list[int] = []  # per physical block: how many sequences use it
-        self._free: list[int] = []  # free physical blocks, the next one taken last
+        self._free: list[int] = []  # free physical blocks holding nothing cached, taken last first
+        # Prefix caching (all empty without it):
+        self._tokens: list[list[int] | None] = []  # per sequence: its known token ids, in order
+        self._hashes: list[list[str]] = []  # per sequence: the hashes of its full blocks
+        self._block_hash: list[str | None] = []  # per physical block: its hash while cached
+        self._cached: dict[str, int] = {}  # hash -> the physical block that holds it
+        # Cached blocks that no sequence uses, least recently used first: the pool takes them
+        # (and forgets their hash) only when no block without a hash is free.
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        #: Full prompt blocks looked up by :meth:`add_sequence`, and how many were found cached.
+        self.prefix_queries = 0
+        self.prefix_hits = 0
 
     # --- what the cache holds -------------------------------------------------------------
     def __len__(self) -> int:
-        """The longest sequence's length (all of them, when the batch decodes in step)."""
-        return max(self._lens, default=0)
+        """The number of positions every sequence holds (0 without sequences).
+
+        Sequences of different lengths have no single length (``len`` is the ``S`` of
+        :class:`mha.multihead.KVCacheProtocol`, from which ``rope=True`` continues the
+        positions): a ValueError; read :attr:`seq_lens`.
+        """
+        lengths = set(self._lens)
+        if len(lengths) > 1:
+            raise ValueError(
+                "the PagedKVCache's sequences hold different numbers of positions "
+                f"({self._lens}), so it has no single length; read seq_lens (rope=True continues "
+                "the positions after len(kv_cache), which needs sequences of one length)"
+            )
+        return next(iter(lengths), 0)
+
+    def __bool__(self) -> bool:  # a cache is a cache even when empty or ragged
+        return True
 
     @property
     def block_table(self) -> Tensor:
@@ -83,6 +134,17 @@ class PagedKVCache:
     def blocks_in_use(self) -> int:
         """Physical blocks that at least one sequence uses (a shared block counts once)."""
         return sum(1 for r in self._refs if r > 0)
+
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks whose hash the prefix cache keeps (in use or not); 0 without prefix caching."""
+        return len(self._cached)
+
+    @property
+    def evictable_blocks(self) -> list[int]:
+        """Cached blocks that no sequence uses, least recently used first: the order in which
+        the pool takes them back when no other block is free."""
+        return list(self._evictable)
 
     @property
     def nbytes(self) -> int:
@@ -105,13 +167,101 @@ class PagedKVCache:
         block = self._tables[sequence][position // self.block_size]
         return block * self.block_size + position % self.block_size
 
-    # --- admitting and ending sequences (continuous batching) -------------------------------
-    def add_sequence(self) -> int:
-        """Admit a new, empty sequence; returns its row of the block table (the last one)."""
-        self._tables.append([])
-        self._lens.append(0)
+    # --- prefix caching -----------------------------------------------------------------------
+    def block_hashes(self, tokens: Sequence[int] | Tensor) -> list[str]:
+        """The hash of each full block of ``tokens`` (a partial last block has none).
+
+        Block ``j``'s hash is SHA-256 over block ``j - 1``'s hash and block ``j``'s token ids,
+        so it names the whole prefix up to the block's end: two prompts share block ``j``'s hash
+        only if they agree on every token before it too (the keys of a block depend on all of
+        them). Hex strings; SHA-256 makes a collision, which would read another prefix's keys,
+        practically impossible.
+
+        Shapes:
+            tokens ``(T,)`` non-negative ints (a list or a 1-D integer tensor) -> ``T // block_size``
+            hashes.
+        """
+        ids = _token_ids("tokens", tokens)
+        return self._chain("", ids, len(ids) // self.block_size)
+
+    def cached_prefix(self, tokens: Sequence[int] | Tensor) -> int:
+        """How many of the prompt ``tokens``' first positions the prefix cache holds now: whole
+        blocks, at most ``len(tokens) - 1`` positions (the last token is computed, so that its
+        query gives the first output). 0 without prefix caching. Changes nothing."""
+        ids = _token_ids("tokens", tokens)
+        return len(self._lookup(ids)) * self.block_size
+
+    def add_sequence(self, tokens: Sequence[int] | Tensor | None = None) -> int:
+        """Admit a new sequence; returns its row of the block table (the last one).
+
+        Without ``tokens`` it starts empty. With its prompt's token ids (``prefix_caching=True``
+        only) it starts with the cached blocks of the prompt's longest cached prefix
+        (:meth:`cached_prefix` positions, read from ``seq_lens[row]``): write the keys and values
+        of the rest of the prompt, ``tokens[seq_lens[row]:]``, with :meth:`update`. The token
+        ids let the cache hash the sequence's blocks as they fill, for later requests.
+        """
+        if tokens is None:
+            ids: list[int] | None = [] if self.prefix_caching else None
+            reused: list[int] = []
+        else:
+            if not self.prefix_caching:
+                raise ValueError(
+                    "tokens are for prefix caching: build the cache with prefix_caching=True "
+                    "(or call add_sequence() without tokens)"
+                )
+            ids = _token_ids("tokens", tokens)
+            reused = self._lookup(ids)
+            self.prefix_queries += max(len(ids) - 1, 0) // self.block_size
+            self.prefix_hits += len(reused)
+            for block in reused:  # in use again: no longer evictable
+                self._evictable.pop(block, None)
+                self._refs[block] += 1
+        self._tables.append(list(reused))
+        self._lens.append(len(reused) * self.block_size)
+        self._tokens.append(ids)
+        self._hashes.append(self._chain("", ids, len(reused)) if ids is not None else [])
         return len(self._tables) - 1
 
+    def _lookup(self, ids: list[int]) -> list[int]:
+        """The cached physical blocks of the longest cached prefix of ``ids`` (whole blocks,
+        leaving at least one token)."""
+        if not self.prefix_caching:
+            return []
+        blocks = []
+        for h in self._chain("", ids, max(len(ids) - 1, 0) // self.block_size):
+            if h not in self._cached:
+                break
+            blocks.append(self._cached[h])
+        return blocks
+
+    def _chain(self, parent: str, ids: list[int], count: int, first: int = 0) -> list[str]:
+        """Hashes of blocks ``first … first + count - 1`` of ``ids``, chained from ``parent``
+        (the hash of block ``first - 1``; ``""`` before block 0)."""
+        bs, hashes = self.block_size, []
+        for j in range(first, first + count):
+            digest = hashlib.sha256(parent.encode())
+            digest.update(array("q", ids[j * bs : (j + 1) * bs]).tobytes())
+            parent = digest.hexdigest()
+            hashes.append(parent)
+        return hashes
+
+    def _register(self, row: int) -> None:
+        """Hash the blocks of ``row`` that are full and whose token ids are known, and keep the
+        new ones in the prefix cache (a hash already cached keeps its first block)."""
+        ids, hashes = self._tokens[row], self._hashes[row]
+        if ids is None:
+            return
+        full = min(self._lens[row], len(ids)) // self.block_size
+        parent = hashes[-1] if hashes else ""
+        for j, h in enumerate(
+            self._chain(parent, ids, full - len(hashes), len(hashes)), len(hashes)
+        ):
+            hashes.append(h)
+            block = self._tables[row][j]
+            if h not in self._cached and self._block_hash[block] is None:
+                self._cached[h], self._block_hash[block] = block, h
+
+    # --- admitting and ending sequences (continuous batching) -------------------------------
     def fork(self, sequence: int, length: int | None = None) -> int:
         """Admit a sequence that starts with the first ``length`` positions of ``sequence``.
 
@@ -129,16 +279,24 @@ class PagedKVCache:
             self._refs[block] += 1
         self._tables.append(list(shared))
         self._lens.append(length)
+        ids = self._tokens[sequence]
+        self._tokens.append(None if ids is None else ids[:length])
+        self._hashes.append(self._hashes[sequence][: length // self.block_size])
         return n
 
     def free_sequence(self, sequence: int) -> None:
-        """End ``sequence``: its blocks go back to the pool (once no other sequence shares them),
-        and its row leaves the block table (the rows after it move up by one)."""
+        """End ``sequence``: its row leaves the block table (the rows after it move up by one)
+        and its blocks go back to the pool once no other sequence shares them. With prefix
+        caching a full block stays cached until the pool needs it; the sequence's last blocks
+        count as used longest ago, so its prefix, the part others share, is evicted last."""
         n = len(self._tables)
         validate.index("sequence", sequence, n, f"the cache holds {n} sequences")
-        for block in self._tables.pop(sequence):
+        blocks = self._tables.pop(sequence)
+        for block in reversed(blocks) if self.prefix_caching else blocks:
             self._release(block)
         self._lens.pop(sequence)
+        self._tokens.pop(sequence)
+        self._hashes.pop(sequence)
 
     def truncate(self, sequence: int, length: int) -> None:
         """Keep the first ``length`` positions of ``sequence`` (e.g. drafted tokens that
@@ -153,15 +311,25 @@ class PagedKVCache:
         while len(row) > math.ceil(length / self.block_size):
             self._release(row.pop())
         self._lens[sequence] = length
+        ids = self._tokens[sequence]
+        if ids is not None:
+            del ids[length:]
+        del self._hashes[sequence][length // self.block_size :]
 
     def reset(self) -> None:
-        """End every sequence; the pool stays allocated."""
+        """End every sequence; the pool stays allocated (and, with prefix caching, so do the
+        cached blocks)."""
         while self._tables:
             self.free_sequence(len(self._tables) - 1)
 
-    # --- writing ------------------------------------------------------------------------------
+    # --- writing and attending ----------------------------------------------------------------
     def update(
-        self, key: Tensor, value: Tensor, *, sequences: list[int] | None = None
+        self,
+        key: Tensor,
+        value: Tensor,
+        *,
+        sequences: list[int] | None = None,
+        tokens: Sequence[Sequence[int]] | Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Write the new keys and values into their sequences' blocks, in place.
 
@@ -172,21 +340,26 @@ class PagedKVCache:
             key, value: the new tokens of each sequence.
             sequences: the rows of the block table they belong to; ``None`` means all rows
                 (an empty cache first admits ``B`` sequences).
+            tokens: with prefix caching, the token ids of the new positions (e.g. the generated
+                ones), so that the blocks they fill are cached too. Positions whose ids were
+                given to :meth:`add_sequence` need none.
 
         Shapes:
-            key ``(B, Hkv, S_new, D)``, value ``(B, Hkv, S_new, Dv)``; returns the pools
-            ``(num_blocks, Hkv, block_size, D)`` and ``(num_blocks, Hkv, block_size, Dv)``
-            themselves (read them through :attr:`block_table` and :attr:`seq_lens`).
+            key ``(B, Hkv, S_new, D)``, value ``(B, Hkv, S_new, Dv)``, tokens ``(B, S_new)``;
+            returns the pools ``(num_blocks, Hkv, block_size, D)`` and ``(num_blocks, Hkv,
+            block_size, Dv)`` themselves (read them through :attr:`block_table` and
+            :attr:`seq_lens`).
         """
         admitted = sequences is None and not self._tables  # rows this call admits
         rows = self._check_update(key, value, sequences)
         S_new = key.shape[2]
         try:
+            ids = self._check_tokens(tokens, rows, S_new)  # for prefix caching, if given
             self._reserve(rows, S_new, key, value)
-        except ValueError:  # out of blocks: leave the cache as it was
+        except (TypeError, ValueError):  # bad tokens, or out of blocks: leave the cache as it was
             if admitted:
-                self._tables.clear()
-                self._lens.clear()
+                for r in reversed(rows):
+                    self.free_sequence(r)
             raise
         assert self.key_pool is not None and self.value_pool is not None  # for mypy
         if S_new:
@@ -208,7 +381,72 @@ class PagedKVCache:
             self.value_pool[blocks, :, offsets] = value.transpose(1, 2)  # (B, S_new, Hkv, Dv)
         for r in rows:
             self._lens[r] += S_new
+        if self.prefix_caching:
+            self._cache_full_blocks(rows, S_new, ids)
         return self.key_pool, self.value_pool
+
+    def _cache_full_blocks(self, rows: list[int], S_new: int, ids: list[list[int]] | None) -> None:
+        """After a write of ``S_new`` positions: the new token ids (if given) join each row's
+        known ids, and the blocks just filled whose ids are known join the prefix cache."""
+        for i, r in enumerate(rows):
+            known = self._tokens[r]
+            if ids is not None and known is not None:
+                known.extend(ids[i][len(known) - (self._lens[r] - S_new) :])  # the new ones
+            self._register(r)
+
+    def attend(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        *,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+        dropout_p: float = 0.0,
+        scale: float | None = None,
+        attention: object = None,
+    ) -> tuple[Tensor, None]:
+        """Store ``key``, ``value`` (one row per sequence) and attend over each sequence's
+        positions through the block table; what :class:`mha.MultiHeadAttention` calls.
+
+        A decode step (``S_new = 1``) and a causal prompt chunk (the chunk is the last
+        ``S_new`` positions of each sequence: the bottom-right alignment) are one
+        :func:`mha.paged_varlen_attention` call over the pool. A chunk that is not causal
+        attends to the positions cached before it through the block table and to itself, and
+        the two partial results merge by their logsumexps. No step gathers a sequence's cache
+        into one tensor.
+
+        Args:
+            query, key, value: the new queries, keys and values of every sequence.
+            is_causal: each new query sees its sequence's cache and the new tokens up to itself.
+            scale: multiplies the scores; defaults to ``1/sqrt(D)``.
+            attn_mask, need_weights, dropout_p: what paged attention cannot do: a mask, the
+                weights or dropout is a ValueError (use :class:`mha.KVCache` for them).
+            attention: ignored (the blocks are read by paged attention, not by the layer's
+                backend over contiguous keys).
+
+        Shapes:
+            query ``(B, H, S_new, D)``, key ``(B, Hkv, S_new, D)``, value ``(B, Hkv, S_new, Dv)``
+            -> ``(B, H, S_new, Dv)`` and ``None`` (no weights).
+        """
+        _check_cache_step(query, key, value)
+        if attn_mask is not None or need_weights:
+            raise ValueError(
+                "a PagedKVCache is read through paged_attention, which takes no attn_mask and "
+                "returns no weights; got attn_mask "
+                f"{None if attn_mask is None else validate.shape(attn_mask)} and need_weights="
+                f"{need_weights} (use is_causal, or mha.KVCache)"
+            )
+        if validate.probability("dropout_p", dropout_p):
+            raise ValueError(
+                f"a PagedKVCache serves inference: attention dropout must be 0, got dropout_p="
+                f"{dropout_p} (call the layer's .eval() first)"
+            )
+        validate.flag("is_causal", is_causal)
+        checked = validate.scale(scale)
+        scale = 1.0 / math.sqrt(query.shape[-1]) if checked is None else checked
+        return _attend_paged(self, query, key, value, is_causal, scale), None
 
     def _check_update(self, key: Tensor, value: Tensor, sequences: list[int] | None) -> list[int]:
         validate.kv_step(key, value)
@@ -237,21 +475,59 @@ class PagedKVCache:
             )
         return rows
 
+    def _check_tokens(
+        self, tokens: Sequence[Sequence[int]] | Tensor | None, rows: list[int], S_new: int
+    ) -> list[list[int]] | None:
+        """The token ids of an update's new positions, one list per row; they must continue
+        each row's known ids (and agree with those already known for these positions)."""
+        if tokens is None:
+            return None
+        if not self.prefix_caching:
+            raise ValueError(
+                "tokens are for prefix caching: build the cache with prefix_caching=True "
+                "(or call update without tokens)"
+            )
+        if isinstance(tokens, Tensor):
+            validate.integer_tensor("tokens", tokens, ndim=2)
+            tokens = tokens.tolist()
+        if not isinstance(tokens, Sequence) or len(tokens) != len(rows):
+            raise ValueError(
+                f"tokens must hold the new token ids of each of the {len(rows)} sequences "
+                f"written, (B, S_new) = ({len(rows)}, {S_new}), got {_describe(tokens)}"
+            )
+        new = [_token_ids(f"tokens[{i}]", t) for i, t in enumerate(tokens)]
+        for i, (r, ids) in enumerate(zip(rows, new)):
+            known, start = self._tokens[r], self._lens[r]
+            if len(ids) != S_new:
+                raise ValueError(f"tokens[{i}] must hold S_new ({S_new}) token ids, got {len(ids)}")
+            assert known is not None  # every row of a prefix-caching cache knows its ids
+            if len(known) < start:
+                raise ValueError(
+                    f"sequence {r}'s token ids are known for its first {len(known)} of "
+                    f"{start} positions only: tokens cannot continue them"
+                )
+            if known[start : start + S_new] != ids[: len(known) - start]:
+                raise ValueError(
+                    f"tokens[{i}] {ids} disagree with sequence {r}'s token ids for these "
+                    f"positions, {known[start : start + S_new]}"
+                )
+        return new
+
     def _reserve(self, rows: list[int], S_new: int, key: Tensor, value: Tensor) -> None:
-        """Give each row the blocks for ``S_new`` more positions, copying a shared block that is
-        about to be written (copy-on-write); check the pool's room before changing anything."""
+        """Give each row the blocks for ``S_new`` more positions, copying a shared or cached
+        block that is about to be written (copy-on-write); check the pool's room before
+        changing anything."""
         bs = self.block_size
-        shared = [
-            r
-            for r in rows
-            if S_new and self._lens[r] % bs and self._refs[self._tables[r][self._lens[r] // bs]] > 1
+        written = [  # rows whose partly filled last block is about to be written
+            r for r in rows if S_new and self._lens[r] % bs
         ]
+        copied = [r for r in written if not self._writable(self._tables[r][self._lens[r] // bs])]
         new = sum(math.ceil((self._lens[r] + S_new) / bs) - len(self._tables[r]) for r in rows)
-        self._grow(new + len(shared), key, value)
+        self._grow(new + len(copied), key, value)
         assert self.key_pool is not None and self.value_pool is not None  # for mypy
-        for r in shared:  # copy-on-write: one block, the partly filled one
+        for r in copied:  # copy-on-write: one block, the partly filled one
             j = self._lens[r] // bs
-            if self._refs[self._tables[r][j]] == 1:  # the others copied it: now it is ours
+            if self._writable(self._tables[r][j]):  # the others copied it: now it is ours
                 continue
             old, fresh = self._tables[r][j], self._take()
             self.key_pool[fresh] = self.key_pool[old]  # (Hkv, block_size, D)
@@ -265,15 +541,22 @@ class PagedKVCache:
                 self._tables[r].append(self._take())
             missing = [r for r in missing if len(self._tables[r]) < want[r]]
 
+    def _writable(self, block: int) -> bool:
+        """Whether ``block`` may be written in place: one sequence uses it and the prefix cache
+        does not keep it (a cached block's contents must stay those of its hash)."""
+        return self._refs[block] == 1 and self._block_hash[block] is None
+
     def _grow(self, needed: int, key: Tensor, value: Tensor) -> None:
-        """Make sure ``needed`` blocks are free: allocate the pool, or grow it by whole blocks."""
+        """Make sure ``needed`` blocks are free (counting cached blocks no sequence uses):
+        allocate the pool, or grow it by whole blocks."""
         have = 0 if self.key_pool is None else self.key_pool.shape[0]
-        if self.key_pool is not None and needed <= len(self._free):
+        free = len(self._free) + len(self._evictable)
+        if self.key_pool is not None and needed <= free:
             return
         if self.num_blocks is not None:
             if have:
                 raise ValueError(
-                    f"the pool is out of blocks: {needed} more needed, {len(self._free)} free of "
+                    f"the pool is out of blocks: {needed} more needed, {free} free of "
                     f"num_blocks ({self.num_blocks}) blocks of {self.block_size} positions"
                 )
             total = self.num_blocks
@@ -283,7 +566,7 @@ class PagedKVCache:
                     f"of {self.block_size} positions"
                 )
         else:
-            total = max(2 * have, have + needed - len(self._free), 1)
+            total = max(2 * have, have + needed - free, 1)
         Hkv, D, Dv = key.shape[1], key.shape[-1], value.shape[-1]
         # Zeros, not empty memory: a slot not yet written is read (and weighted 0) beside the
         # written ones of its block, and 0 · NaN would be NaN.
@@ -293,17 +576,56 @@ class PagedKVCache:
             k[:have], v[:have] = self.key_pool, self.value_pool
         self.key_pool, self.value_pool = k, v
         self._refs.extend([0] * (total - have))
+        self._block_hash.extend([None] * (total - have))
         self._free = list(range(total - 1, have - 1, -1)) + self._free  # low numbers first
 
     def _take(self) -> int:
-        block = self._free.pop()
+        """A free block for one sequence: one that holds nothing cached if there is one, else
+        the least recently used cached block, whose hash the cache then forgets."""
+        if self._free:
+            block = self._free.pop()
+        else:
+            block, _ = self._evictable.popitem(last=False)
+            h = self._block_hash[block]
+            assert h is not None  # an evictable block is a cached one
+            del self._cached[h]
+            self._block_hash[block] = None
         self._refs[block] = 1
         return block
 
     def _release(self, block: int) -> None:
+        """One sequence less uses ``block``; with none left it is free, or, if cached,
+        evictable (as the most recently used)."""
+        if self._refs[block] <= 0:  # never: a block is released once per sequence using it
+            raise RuntimeError(f"block {block} released more often than it was taken")
         self._refs[block] -= 1
         if self._refs[block] == 0:
-            self._free.append(block)
+            if self._block_hash[block] is None:
+                self._free.append(block)
+            else:
+                self._evictable[block] = None
+
+
+def _token_ids(name: str, tokens: Any) -> list[int]:
+    """Token ids as a list of non-negative ints, from a list of ints or a 1-D integer tensor."""
+    if isinstance(tokens, Tensor):
+        validate.integer_tensor(name, tokens, ndim=1)
+        ids = tokens.tolist()
+    elif isinstance(tokens, Sequence) and not isinstance(tokens, str | bytes):
+        ids = list(tokens)
+    else:
+        raise TypeError(
+            f"{name} must be token ids, a list of ints or a 1-D integer tensor, got "
+            f"{type(tokens).__name__}"
+        )
+    bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**63]
+    if bad:
+        raise ValueError(f"{name} must be non-negative int token ids, got {bad[0]!r} in {name}")
+    return ids
+
+
+def _describe(value: Any) -> str:
+    return f"{len(value)} rows" if isinstance(value, Sequence) else type(value).__name__
 
 
 def _check_decode_step(
@@ -422,13 +744,14 @@ def _paged_attention(
 def _attend_paged(
     cache: PagedKVCache, q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float
 ) -> Tensor:
-    """What :class:`mha.MultiHeadAttention` does with a paged ``kv_cache``: store ``k``, ``v`` and
-    attend over the cache through its block table.
+    """:meth:`PagedKVCache.attend` on checked arguments: store ``k``, ``v`` and attend over the
+    cache through its block table.
 
-    A decode step (``L = 1``) is one :func:`paged_attention`. A chunk of ``L`` tokens attends to
-    the cached positions through the block table and to itself (causally when ``is_causal``:
-    the chunk is the last ``L`` positions, so this is the bottom-right alignment); the two
-    partial results merge by their logsumexps.
+    A decode step (``L = 1``) and a causal chunk (the chunk is the last ``L`` positions: the
+    bottom-right alignment) are one :func:`mha.paged_varlen_attention` call over the pool, as an
+    engine's mixed batch is. A chunk that is not causal (every new token sees every other)
+    attends to the cached positions through the block table and to itself; the two partial
+    results merge by their logsumexps.
 
     Shapes:
         q ``(B, H, L, D)``, k and v ``(B, Hkv, L, D)``; returns ``(B, H, L, D)``.
@@ -436,9 +759,16 @@ def _attend_paged(
     before = list(cache._lens)  # positions per sequence before this chunk
     key_pool, value_pool = cache.update(k, v)
     table = cache.block_table  # (B, max_blocks)
-    if q.shape[2] == 1:
-        lens = cache.seq_lens  # (B,) including the new token
-        return _paged_attention(q, key_pool, value_pool, table, lens, scale)[0]
+    B, H, L, D = q.shape
+    if L == 0:  # nothing new: nothing to attend
+        return q.new_zeros(B, H, 0, v.shape[-1])  # (B, H, 0, Dv)
+    if is_causal or L == 1:  # decode steps and causal prompt chunks: one call, as engines run it
+        packed = q.transpose(1, 2).reshape(B * L, H, D)  # (B·L, H, D) sequence after sequence
+        starts = list(range(0, B * L + 1, L))  # every sequence has L queries, its last L positions
+        out = _paged_varlen_attention(
+            packed, key_pool, value_pool, table, starts, list(cache._lens), scale, None, None
+        )  # (B·L, H, Dv)
+        return out.view(B, L, H, -1).transpose(1, 2)  # (B, H, L, Dv)
     groups = q.shape[1] // k.shape[1]
     own = _flash_attention(q, k, v, None, is_causal, scale, groups=groups)  # (B, H, L, D), lse
     if len(before) != q.shape[0] or not max(before):  # nothing cached yet

@@ -28,10 +28,11 @@ NEEDLES = (
     "decode step with GQA (H=8, Hkv=2) / without GQA time, cache 64, E=512",
     "decode attention, grouped / repeated key-value heads time, Hkv=2 cache 64 E=1024",
     "PagedKVCache update (and truncate) at 256 / at 16 cached tokens",
+    "paged_varlen_attention (4 chunks of 32 + 6 decodes over 128 cached)",
     "paged_attention / SDPA over a contiguous cache time, B=2 H=8 Hkv=2 D=64 S=256",
     "padded / packed (varlen) causal attention time, lengths 8..64 (8x spread)",
 )
-N_CHECKS = 23
+N_CHECKS = 24
 
 
 def test_check_pass_fail_and_text():

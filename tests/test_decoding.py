@@ -223,3 +223,43 @@ def test_module_step_with_no_token_keeps_decoding_exact(make, backend):
         assert layer(x[:, 4:4], is_causal=True, kv_cache=cache)[0].shape == (2, 0, 32)
         tail = layer(x[:, 4:], is_causal=True, kv_cache=cache)[0]
         assert_close(torch.cat([head, tail], 1), layer(x, is_causal=True)[0])
+
+
+EVERY_CACHE = {
+    "kv": mha.KVCache,
+    **CACHES,
+    "quantized": lambda: mha.QuantizedKVCache(torch.int8),
+}
+
+
+@pytest.mark.parametrize("make", EVERY_CACHE.values(), ids=EVERY_CACHE.keys())
+@pytest.mark.parametrize("chunks", [[1] * 9, [4, 1, 4], [9]])
+def test_every_cache_attends_over_itself_bottom_right(make, chunks):
+    """cache.attend(q, k, v, is_causal=True), chunk by chunk, is one causal pass over the
+    sequence (GQA: 4 query heads on 2 key/value heads), whatever the cache's storage."""
+    q, k, v = randn(2, 4, 9, 8, seed=1), randn(2, 2, 9, 8, seed=2), randn(2, 2, 9, 8, seed=3)
+    cache, outs, start = make(), [], 0
+    for n in chunks:
+        new = slice(start, start + n)
+        out, weights = cache.attend(q[:, :, new], k[:, :, new], v[:, :, new], is_causal=True)
+        assert weights is None and out.shape == (2, 4, n, 8)
+        outs.append(out)
+        start += n
+    if isinstance(cache, mha.QuantizedKVCache):  # attention sees the keys read back
+        k, v = (mha.quantize_kv(t, dtype=torch.int8).dequantize(t.dtype) for t in (k, v))
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert_close(torch.cat(outs, 2), want)
+    assert len(cache) == 9
+
+
+@pytest.mark.parametrize("make", EVERY_CACHE.values(), ids=EVERY_CACHE.keys())
+def test_attend_bad_input_is_refused_before_anything_is_stored(make):
+    cache = make()
+    q, k = randn(1, 4, 2, 8, seed=1), randn(1, 2, 2, 8, seed=2)
+    with pytest.raises(ValueError, match=r"query must have one row per new key and value"):
+        cache.attend(q[:, :, :1], k, k)
+    with pytest.raises(ValueError, match=r"head count \(dim -3\) that is a multiple"):
+        cache.attend(randn(1, 3, 2, 8, seed=3), k, k)
+    with pytest.raises(ValueError, match=r"query must have 4 dims"):
+        cache.attend(q[0], k, k)
+    assert len(cache) == 0

@@ -144,5 +144,7 @@ def test_cached_decoding_equals_hugging_face_with_its_cache(case):
         outs += [module(f.x[:1, t : t + 1], kv_cache=cache) for t in range(n, f.x.shape[1])]
     # against HF's full pass: a step sums its scores in another order (outputs reach ~14)
     torch.testing.assert_close(torch.cat(outs, dim=1), f.out[:1], atol=1e-4, rtol=1e-4)
-    with pytest.raises(TypeError, match="kv_cache must be a cache such as mha.KVCache"):
+    with pytest.raises(TypeError, match="kv_cache must be a cache whose update returns all"):
         module(f.x, kv_cache=[])
+    with pytest.raises(TypeError, match="returns all its keys and values .* got PagedKVCache"):
+        module(f.x, kv_cache=mha.PagedKVCache())  # its update returns the pools, not the keys

@@ -302,3 +302,73 @@ def test_triton_dtype_and_head_dim_are_checked_at_the_entry():
     ):
         wide(torch.zeros(1, 2, 512))
     assert seen == []
+
+
+# --- the layer knows no cache type ---------------------------------------------------------------
+
+
+def test_the_layer_imports_no_cache_module():
+    """Chapter 3's layer asks a cache to attend over itself: it imports none of the serving
+    caches' modules (paged, decoding, quantised, latent), nor names their classes."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(mha.__file__).parent / "multihead.py").read_text())
+    imported, names = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            imported.add((node.module or "").split(".")[-1])
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Import):
+            imported.update(alias.name.split(".")[-1] for alias in node.names)
+        elif isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+    assert not imported & {"paged", "decoding", "kv_quant", "mla"}, imported
+    caches = {"PagedKVCache", "PreallocatedKVCache", "QuantizedKVCache", "LatentCache"}
+    assert not (imported | names) & caches  # (its docstrings may name them)
+
+
+def test_a_cache_of_ones_own_needs_attend_and_contiguous_cache_provides_it():
+    class OnlyUpdate:  # the old interface: no attend
+        def __init__(self):
+            self.inner = mha.KVCache()
+
+        def __len__(self):
+            return len(self.inner)
+
+        nbytes = 0
+
+        def reset(self):
+            self.inner.reset()
+
+        def update(self, key, value):
+            return self.inner.update(key, value)
+
+    class Mine(OnlyUpdate, mha.multihead.ContiguousCache):  # attend from ContiguousCache
+        pass
+
+    layer = mha.MultiHeadAttention(16, 2, num_kv_heads=1, dtype=torch.float64).eval()
+    x = randn(2, 5, 16)
+    with pytest.raises(TypeError, match=r"and attend, as mha.KVCache has\), got OnlyUpdate"):
+        layer(x, kv_cache=OnlyUpdate())
+    cache = Mine()
+    steps = [layer(x[:, i : i + 1], is_causal=True, kv_cache=cache)[0] for i in range(5)]
+    assert_close(torch.cat(steps, 1), layer(x, is_causal=True)[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_weights_through_a_cache_are_the_bottom_right_causal_ones(backend):
+    torch.manual_seed(0)
+    layer = mha.MultiHeadAttention(16, 4, num_kv_heads=2, backend=backend, dtype=torch.float64)
+    layer = layer.eval()
+    x = randn(2, 7, 16)
+    full, full_weights = layer(x, is_causal=True, need_weights=True)
+    for make in (mha.KVCache, lambda: mha.PreallocatedKVCache(7)):
+        cache = make()
+        head, _ = layer(x[:, :4], is_causal=True, kv_cache=cache)
+        tail, weights = layer(x[:, 4:], is_causal=True, need_weights=True, kv_cache=cache)
+        assert weights.shape == (2, 4, 3, 7)
+        assert_close(weights, full_weights[:, :, 4:])  # rows 4..6 of the full causal weights
+        assert_close(torch.cat([head, tail], 1), full)

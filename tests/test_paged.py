@@ -251,24 +251,26 @@ def test_multihead_attention_through_the_paged_cache_equals_one_causal_pass(chun
         assert_close(torch.cat(outs, 1), ref(x, is_causal=True)[0])
 
 
-def test_decode_step_goes_through_paged_attention(monkeypatch):
-    """A decode step reads the pool through the block table (no gathered copy)."""
+def test_every_causal_step_is_one_paged_varlen_call_over_the_pool(monkeypatch):
+    """A prompt chunk and a decode step each read the pool through the block table in one
+    paged_varlen_attention call (no gathered copy), as an engine's mixed batch does."""
     import mha.paged as paged
 
     calls = []
-    real = paged._paged_attention
+    real = paged._paged_varlen_attention
 
-    def spy(q, key_pool, value_pool, *rest):
-        calls.append((q.shape, key_pool.data_ptr()))
-        return real(q, key_pool, value_pool, *rest)
+    def spy(q, key_pool, value_pool, table, starts, lens, *rest):
+        calls.append((tuple(q.shape), key_pool.data_ptr(), starts, lens))
+        return real(q, key_pool, value_pool, table, starts, lens, *rest)
 
-    monkeypatch.setattr(paged, "_paged_attention", spy)
+    monkeypatch.setattr(paged, "_paged_varlen_attention", spy)
     layer = mha.MultiHeadAttention(16, 2).eval()
     cache = mha.PagedKVCache(block_size=4)
     with torch.no_grad():
         layer(torch.randn(2, 3, 16), is_causal=True, kv_cache=cache)
         layer(torch.randn(2, 1, 16), is_causal=True, kv_cache=cache)
-    assert calls[-1] == ((2, 2, 1, 8), cache.key_pool.data_ptr())
+    pool = cache.key_pool.data_ptr()
+    assert calls == [((6, 2, 8), pool, [0, 3, 6], [3, 3]), ((2, 2, 8), pool, [0, 1, 2], [4, 4])]
 
 
 # --- errors -------------------------------------------------------------------------------------
@@ -381,10 +383,14 @@ def test_paged_cache_bad_inputs():
         ragged.update(
             torch.randn(1, 2, n, 8), torch.randn(1, 2, n, 8), sequences=[ragged.add_sequence()]
         )
-    with pytest.raises(
-        ValueError, match=r"sequences of one length; the PagedKVCache holds \[2, 3\]"
-    ):
-        rope(torch.randn(2, 1, 16), kv_cache=ragged)
+    with pytest.raises(ValueError, match=r"different numbers of positions \(\[2, 3\]\)"):
+        rope(torch.randn(2, 1, 16), kv_cache=ragged)  # RoPE's positions go on after len(cache)
+    plain = mha.MultiHeadAttention(16, 2).eval()  # without RoPE a ragged batch is fine
+    assert plain(torch.randn(2, 1, 16), is_causal=True, kv_cache=ragged)[0].shape == (2, 1, 16)
+    assert ragged.seq_lens.tolist() == [3, 4]
+    with pytest.raises(ValueError, match=r"serves inference: attention dropout must be 0"):
+        mha.MultiHeadAttention(16, 2, dropout=0.5)(torch.randn(2, 1, 16), kv_cache=ragged)
+    assert ragged.seq_lens.tolist() == [3, 4]  # refused before anything was stored
 
 
 # --- any sequence of operations ------------------------------------------------------------------

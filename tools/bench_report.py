@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import math
 import os
 import sys
@@ -421,6 +422,70 @@ def serving(dev: torch.device, g: torch.Generator, quick: bool, run_time: float)
     return checks
 
 
+def chunked_prefill(
+    dev: torch.device, g: torch.Generator, quick: bool, run_time: float
+) -> list[Check]:
+    """Chunked prefill (chapter 9.5): one ``paged_varlen_attention`` call for a mixed batch of
+    prompt chunks and decode steps over the paged pool, against what an engine without it runs:
+    one SDPA call per sequence over its contiguous cache (the causal mask bottom-right)."""
+    chunk, decodes, cached = (32, 6, 128) if quick else (256, 28, 2048)
+    H, Hkv, D, bs = 8, 2, 64, 16
+    counts = [chunk] * 4 + [1] * decodes  # queries per sequence: 4 prompt chunks, then decodes
+    lens = [cached + n for n in counts]  # the chunk's or the step's keys are in the pool already
+    blocks = [math.ceil(S / bs) for S in lens]
+    pool_k = _randn((sum(blocks), Hkv, bs, D), dev, g)
+    pool_v = _randn((sum(blocks), Hkv, bs, D), dev, g)
+    order = torch.randperm(sum(blocks), generator=g).to(dev)  # blocks scattered in the pool
+    table = torch.full((len(counts), max(blocks)), -1, dtype=torch.int32, device=dev)
+    used = 0
+    for b, n in enumerate(blocks):
+        table[b, :n] = order[used : used + n].int()
+        used += n
+    cu = torch.tensor([0, *itertools.accumulate(counts)], dtype=torch.int32, device=dev)
+    q = _randn((sum(counts), H, D), dev, g)
+    seq_lens = torch.tensor(lens, device=dev)
+
+    def contiguous(pool: torch.Tensor, b: int) -> torch.Tensor:
+        rows = pool[table[b, : blocks[b]].long()]  # (n_blocks, Hkv, bs, D)
+        return rows.transpose(0, 1).reshape(1, Hkv, -1, D)[:, :, : lens[b]].contiguous()
+
+    ks = [contiguous(pool_k, b) for b in range(len(counts))]  # (1, Hkv, S_b, D) each
+    vs = [contiguous(pool_v, b) for b in range(len(counts))]
+    qs = [q[a:z].transpose(0, 1)[None].contiguous() for a, z in itertools.pairwise(cu.tolist())]
+    masks = [None if n == 1 else _bottom_right(n, S, dev) for n, S in zip(counts, lens)]
+
+    def per_sequence() -> list[torch.Tensor]:
+        return [
+            F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mb, enable_gqa=True)
+            for qb, kb, vb, mb in zip(qs, ks, vs, masks)
+        ]
+
+    def one_call() -> torch.Tensor:
+        return mha.paged_varlen_attention(q, pool_k, pool_v, table, cu, seq_lens)
+
+    with torch.no_grad():
+        want = torch.cat([o[0].transpose(0, 1) for o in per_sequence()])  # (total_q, H, D)
+        torch.testing.assert_close(one_call(), want, atol=1e-4, rtol=1e-4)
+        ratio, t_ours, t_sdpa = paired_ratio(
+            one_call, per_sequence, pairs=3 if quick else 7, min_run_time=run_time
+        )
+    return [
+        Check(
+            f"paged_varlen_attention (4 chunks of {chunk} + {decodes} decodes over {cached} "
+            f"cached) / one SDPA per sequence over contiguous caches time, H={H} Hkv={Hkv} D={D}",
+            ratio,
+            1.5,
+            True,
+            _times("one call", t_ours, "per sequence", t_sdpa),
+        )
+    ]
+
+
+def _bottom_right(L: int, S: int, dev: torch.device) -> torch.Tensor:
+    """Keep-mask of ``L`` queries that are the last ``L`` of ``S`` positions: ``(L, S)`` bool."""
+    return torch.arange(S, device=dev)[None, :] <= torch.arange(S - L, S, device=dev)[:, None]
+
+
 def packed_attention(
     dev: torch.device, g: torch.Generator, quick: bool, run_time: float
 ) -> list[Check]:
@@ -489,6 +554,7 @@ def run_report(
         lambda: decode_step(dev, g, quick, run_time),
         lambda: serving(dev, g, quick, run_time),
         lambda: packed_attention(dev, g, quick, run_time),
+        lambda: chunked_prefill(dev, g, quick, run_time),
     ]
     for section in sections:
         for check in section():

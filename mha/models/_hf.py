@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import validation as validate
+from ..multihead import ContiguousCache
 from ..rope import _rope_frequencies, yarn_frequencies
 
 
@@ -150,9 +151,10 @@ def check_input(x: Any, positions: Any, hidden_size: int, kv_cache: Any = None) 
     """Check ``x`` ``(B, L, E)``, positions ``(L,)`` or ``(B, L)`` and the cache; return the
     positions as RoPE wants them for ``(B, H, L, D)``: an int offset (the tokens already cached),
     ``(L,)`` or ``(B, 1, L)``."""
-    if kv_cache is not None and not all(hasattr(kv_cache, a) for a in ("update", "__len__")):
+    if kv_cache is not None and not isinstance(kv_cache, ContiguousCache):
         raise TypeError(
-            f"kv_cache must be a cache such as mha.KVCache, got {type(kv_cache).__name__}"
+            "kv_cache must be a cache whose update returns all its keys and values (mha.KVCache, "
+            f"PreallocatedKVCache, QuantizedKVCache), got {type(kv_cache).__name__}"
         )
     validate.tensor("x", x, floating=True, ndim=3, layout="(B, L, E)")
     B, L, E = x.shape
