@@ -101,6 +101,18 @@ FORWARDS = {"index.html": ROOT, "zh/index.html": f"zh/{ROOT}"}
 # index for every term of SEARCHES): two-word and one-character queries, Chinese cut into the
 # index's words, Chinese with a Latin word.
 SEARCH_SAMPLE = {"en": ["causal mask", "online softmax"], "zh": ["位置编码", "键", "在线softmax"]}
+# Chapters 9-11's terms, each glossed with its English at first use: a Chinese reader's search
+# finds the section that teaches it.
+SEARCH_ZH_SERVING_AND_MODELS = {
+    "注意力汇": "10_1_sinks_and_windows",
+    "环形注意力": "09_4_across_processes",
+    "反量化": "09_3_quantised_cache",
+    "前缀缓存": "09_1_paged_cache",
+    "连续批处理": "09_1_paged_cache",
+    "写时复制": "09_1_paged_cache",
+    "门控": "10_2_gated_attention",
+}
+SEARCH_SAMPLE["zh"] += list(SEARCH_ZH_SERVING_AND_MODELS)
 
 # --- time per step (BOOK_STEP_TIMES=1 prints them) ------------------------------------------------
 
@@ -941,7 +953,7 @@ def test_search_typed_into_a_page(open_page, edition):
     page, problems = open_page(f"{prefix}{ROOT}")
     missed, chrome = [], []
     for term in SEARCH_SAMPLE[edition]:
-        stem = SEARCHES[edition][term]
+        stem = {**SEARCHES[edition], **SEARCH_ZH_SERVING_AND_MODELS}[term]
         with step("search"):
             if "search.html" not in page.url:
                 page.keyboard.press("Control+k")  # the theme's search dialog

@@ -71,12 +71,15 @@ from conftest import REPO, preinstalled_venv, run, skip_or_fail
 
 sys.path.insert(0, str(REPO / "tools"))
 import execute_notebook  # noqa: E402 (tools/ is not a package: it joins the path first)
+import translation_printed  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 CHAPTERS = sorted((REPO / "chapters").glob("[0-9][0-9]_*.ipynb"))
 # Chinese notebooks (tools/translate.py), run the same way: their setup cell switches the checkers
-# to Chinese, and the Chinese checker lines stored in them must be what the run prints.
+# to Chinese, and the Chinese checker lines stored in them must be what the run prints; the other
+# printed lines stored in Chinese must be what the run prints, put in Chinese by the translation
+# file's `printed:` table (tools/translation_printed.py).
 ZH_CHAPTERS = [REPO / "zh" / "chapters" / f"{stem}.ipynb" for stem in ("01_2_cat_eats_fish",)]
 SETUP_CELL = REPO / "tools" / "setup_cell.txt"
 SANITIZE = REPO / "tests" / "sanitize.cfg"
@@ -406,6 +409,11 @@ def timings(result: execute_notebook.Run) -> str:
 def test_chapter_runs_as_in_colab_and_shows_its_stored_outputs(path, colab, kernels):
     stored = nbformat.read(path, as_version=4)
     result = run_as_in_colab(stored, colab, kernels)
+    if path.parents[1] == REPO / "zh":  # what the code printed, through the printed tables
+        tables = [translation_printed.load_printed(n) for n in (path.stem, "printed")]
+        for outputs in result.sent.values():
+            for output in outputs:
+                translation_printed.translate_output(output, tables)
     problems = problems_of(stored, result, colab)
     assert not problems, f"{path.name}:\n" + "\n".join(problems)
     compared = "outputs as stored" if COMPARE else "outputs not compared (MHA_COMPARE_OUTPUTS=0)"

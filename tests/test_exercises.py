@@ -456,8 +456,8 @@ def test_one_declaration_form_for_functions_predictions_and_lazy_answers():
 
 
 def test_partial_prediction_is_an_error_not_a_skip():
-    with pytest.raises(ExerciseError, match="unscaled should be a number, got Ellipsis"):
-        mha.exercises.check_qk_variance_prediction(unscaled=..., scaled=1)
+    with pytest.raises(ExerciseError, match="by_width should be a number, got Ellipsis"):
+        mha.exercises.check_qk_variance_prediction(by_width=..., std_two=16)
     with pytest.raises(ExerciseError, match="Replace the ... in predictions\\['out'\\]"):
         mha.exercises.check_mha_shape_predictions({**ch03._true_shapes(), "out": (2, ..., 12)})
 
@@ -499,17 +499,28 @@ def test_seed_head_fix_skips_hints_that_coincide_with_the_answer():
     assert calls == [(3, 2), (4, 6)]
 
 
-@pytest.mark.filterwarnings("ignore:The use of `x.T`:UserWarning")  # the learner's mistake
 @pytest.mark.parametrize(
     ("fn", "hint"),
     [
-        (lambda q, k: torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), -1), r"\(not key\.T\)"),
-        (lambda q, k: (q @ k.transpose(-2, -1)).numpy(), "gave ndarray, expected a torch.Tensor"),
+        (lambda x, keys, w: torch.cdist(x, keys).numpy(), "gave ndarray, expected a torch.Tensor"),
+        (lambda x, keys, w: (x - keys).sum(-1), r"raised RuntimeError.*broadcasts to"),
+        (lambda x, keys, w: (x @ keys.mT / w**2).softmax(-1), "the key's own term"),
     ],
 )
 def test_lookup_weights_rejects(fn, hint):
     with pytest.raises(ExerciseError, match=hint):
         mha.exercises.check_lookup_weights(fn)
+
+
+def test_lookup_weights_shortcuts_fail_where_the_exercise_says():
+    """exp / sum is right until every kernel value underflows (width 0.05): only there NaN."""
+    cases = ch01.LOOKUP_WEIGHTS.cases()
+    naive = ch01._kernel_by_exp
+    assert not any(naive(*c.args).isnan().any() for c in cases[:-1])
+    assert naive(*cases[-1].args).isnan().all()
+    torch.testing.assert_close(
+        ch01.LOOKUP_WEIGHTS.reference(*cases[-1].args), torch.eye(3)[[0, 0, 2]]
+    )
 
 
 @pytest.mark.parametrize(
@@ -573,9 +584,10 @@ def test_check_sdpa_rejects_fixed_transpose_dims():
 @pytest.mark.parametrize(
     ("kwargs", "hint"),
     [
-        ({"unscaled": "64", "scaled": 1}, "unscaled should be a number"),
-        ({"unscaled": 512, "scaled": 1}, "sum of d_k independent products"),
-        ({"unscaled": 64, "scaled": 64}, r"Var\(x / c\)"),
+        ({"by_width": "1/8", "std_two": 16}, "by_width should be a number"),
+        ({"by_width": 1, "std_two": 16}, "not the width E = 512"),
+        ({"by_width": 0.125, "std_two": 4}, "variance 2²·2² = 16"),
+        ({"by_width": 0.125, "std_two": 64}, r"Var\(q_i·k_i\) = Var\(q_i\)·Var\(k_i\)"),
     ],
 )
 def test_check_qk_variance_prediction_rejects(kwargs, hint):
@@ -740,7 +752,11 @@ def test_shape_predictions_reject_the_wrong_container(predictions, hint):
     ("name", "fn", "hint"),
     [
         ("check_padding_mask", lambda lengths, S: [1, 0], "gave list, expected a torch.Tensor"),
-        ("check_causal_mask", mha.causal_mask_bottom_right, "bottom-right"),
+        (
+            "check_causal_mask",
+            lambda L, S, window=None: ch04._cache_slip(L, S, window, shift=L - S),
+            "bottom-right",
+        ),
         (
             "check_masked_attention",
             lambda q, k, v, keep: ch04._fill_safe(q, k, v, ~keep),
@@ -752,7 +768,11 @@ def test_shape_predictions_reject_the_wrong_container(predictions, hint):
             "wrong values",
         ),
         ("check_mask_conversion", lambda am: am == 0, r"should return a tuple \(key_padding_mask"),
-        ("check_alibi_bias", lambda H, L: ch04.ALIBI_BIAS.reference(H, L) * 2, "wrong values"),
+        (
+            "check_alibi_bias",
+            lambda H, L, S: ch04._alibi(H, L, S) * 2,
+            "wrong values",
+        ),
     ],
 )
 def test_mask_checkers_reject(name, fn, hint):
@@ -938,11 +958,11 @@ def test_softmax_kernel_stub_and_no_max_leave_stderr_alone(capfd):
             r"should return a tuple \(dq, dk, dv\)",
         ),
         (
-            "check_weights_tile",
-            lambda q, k, lse, scale: torch.exp(
-                q @ k.mT / math.sqrt(q.shape[-1] * 2) - lse[..., None]
-            ),
-            "P_tile = exp",
+            "check_key_tile_backward",
+            lambda q, k, v, out, dout, lse, scale: ch07._key_tile(q, k, v, out, dout, lse, scale)[
+                ::-1
+            ],
+            r"dq_part has shape .*P = exp\(Q·K_tileᵀ·scale",
         ),
     ],
 )
@@ -951,13 +971,16 @@ def test_chapter7_checkers_reject(name, answer, hint):
         getattr(mha.exercises, name)(answer)
 
 
-def test_weights_tile_cases_overflow_exp_and_vary_the_scale():
-    """The text promises scores that overflow exp: above 709.8 (float64), hence 88.7 (float32)."""
-    cases = ch07._tile_cases()
-    scales = {case.args[3] for case in cases}
-    assert len(scales) == len(cases) and any(s != 8**-0.5 for s in scales)
-    largest = max((q @ k.mT * scale).max().item() for q, k, _, scale in (c.args for c in cases))
+def test_key_tile_cases_overflow_exp_vary_the_scale_and_cut_a_tile():
+    """The text promises scores that overflow exp: above 709.8 (float64), hence 88.7 (float32),
+    a scale other than 1/sqrt(D), and a tile of fewer keys than S, wider and narrower than L."""
+    cases = ch07._key_tile_cases()
+    scales = {case.args[-1] for case in cases}
+    assert any(s != 8**-0.5 for s in scales)
+    largest = max((q @ k.mT * scale).max().item() for q, k, *_, scale in (c.args for c in cases))
     assert largest > 709.8 and torch.isinf(torch.tensor(largest, dtype=torch.float64).exp())
+    tiles = [(c.args[0].shape[-2], c.args[1].shape[-2]) for c in cases]  # (L, C)
+    assert any(L < C for L, C in tiles) and any(L > C for L, C in tiles)
 
 
 @pytest.mark.parametrize(
@@ -988,10 +1011,15 @@ def test_memory_prediction_rejects(answer, hint):
         ),
         (
             "check_page_lookup",
-            lambda table, bs, seq, t: table[seq][t // bs] * bs + t % bs + 1,
-            "block_table\\[seq\\]\\[t // block_size\\] \\* block_size",
+            lambda table, lens, new, free, bs: [
+                table[b][t // bs] * bs + t % bs + 1
+                for b in range(len(table))
+                for t in range(lens[b], lens[b] + new[b])
+            ],
+            "raised IndexError.*append free_blocks.pop\\(\\) to block_table\\[b\\]",
         ),
-        ("check_page_lookup", lambda table, bs, seq, t: "slot 3", "should be an int"),
+        ("check_page_lookup", lambda table, lens, new, free, bs: ["slot 3"], "should be an int"),
+        ("check_page_lookup", lambda table, lens, new, free, bs: 3, "a list of ints, got int"),
     ],
 )
 def test_chapter8_checkers_reject(name, answer, hint):

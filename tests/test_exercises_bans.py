@@ -11,7 +11,10 @@ library, the profiler and torch's function modes as they were.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
+import io
 import math
 import operator
 import sys
@@ -28,7 +31,7 @@ import mha
 import mha.exercises
 from mha import apply_rope, decoding, flash, kv_memory, merge_partials, rope  # likewise
 from mha.exercises import EXERCISES, ExerciseError, _flash_forward, _tiled_backward, ch07
-from mha.exercises._harness import watch
+from mha.exercises._harness import defined_in, watch
 from mha.gated_delta import gated_delta_rule as gated_delta_alias  # likewise
 from mha.kv_memory import kv_cache_bytes as cache_bytes_alias  # likewise
 from mha.masks import padding_mask as library_padding_mask
@@ -526,12 +529,84 @@ def test_a_banned_function_is_caught_however_it_was_reached(name, how, answer, h
     assert torch._C._len_torch_function_stack() == 0
 
 
-def test_every_ban_is_tried_by_an_evasion():
-    """Besides the declared mistakes, which call each banned function directly."""
+def test_every_evasion_is_tried_on_a_checker_that_bans():
+    """The evasions prove how a ban is enforced; each exercise's own declaration (the library's
+    function and a private helper as mistakes, below) proves what it bans."""
     banned = {ex.name for ex in EXERCISES if ex.forbidden}
     tried = {name for name, *_ in EVASIONS}
-    shared = {"check_lookup_weights", "check_seed_head_fix", "check_masked_attention"}  # NO_SDPA
-    assert banned - tried == shared | {"check_seed_mha_fix"}  # its ban is check_multi_head's
+    assert tried <= banned
+    assert len(tried) >= 10
+
+
+# --- what every exercise bans, generated from the declarations -------------------------------
+
+FUNCTION_EXERCISES = [ex for ex in EXERCISES if not ex.prediction]
+
+
+def _library_modules(ex) -> list:
+    """The modules of mha whose functions ``ex`` has the learner re-write."""
+    names = {inspect.unwrap(f).__module__ for f in ex.rewrites or ()}
+    return [sys.modules[n] for n in sorted(names) if n.startswith("mha.")]
+
+
+def _is_private(function) -> bool:
+    name = function.__name__
+    return name.startswith("_") and not name.endswith("__")
+
+
+@pytest.mark.parametrize("ex", FUNCTION_EXERCISES, ids=lambda ex: ex.name)
+def test_every_exercise_says_which_library_functions_it_rewrites(ex):
+    assert ex.rewrites is not None, (
+        f"{ex.name}: declare rewrites= (the library's functions the learner writes, or () when "
+        "neither mha nor torch has one)"
+    )
+    assert not any(inspect.unwrap(f).__module__.startswith("mha.exercises") for f in ex.rewrites)
+
+
+@pytest.mark.parametrize(
+    "ex", [ex for ex in FUNCTION_EXERCISES if ex.rewrites], ids=lambda ex: ex.name
+)
+def test_a_ban_covers_every_function_of_the_module_it_rewrites(ex):
+    banned = {id(inspect.unwrap(f)) for f in ex.forbidden}
+    for function in ex.rewrites:
+        assert id(inspect.unwrap(function)) in banned, f"{ex.name}: {function.__qualname__}"
+    for module in _library_modules(ex):
+        missing = [
+            f.__qualname__ for f in defined_in(module) if id(inspect.unwrap(f)) not in banned
+        ]
+        assert not missing, f"{ex.name} leaves {module.__name__}'s {missing} unbanned"
+
+
+def _banned_call(ex, answer):
+    """The banned function ``answer`` calls first while ``ex`` checks it (None: it calls none)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            ex.check(answer)
+        except ExerciseError as err:
+            return err.banned
+    return None
+
+
+@pytest.mark.parametrize(
+    "ex", [ex for ex in FUNCTION_EXERCISES if ex.rewrites], ids=lambda ex: ex.name
+)
+def test_the_library_function_and_a_private_helper_are_declared_mistakes(ex):
+    """Handed in as the answer, the library's own function is rejected, and so is a private helper
+    of its module reached around the ban on the public name (if the module has one)."""
+    called = [
+        _banned_call(ex, ex.as_answer(fn)) for fn, hint in ex.mistakes if hint == ex.forbidden_hint
+    ]
+    public = {id(inspect.unwrap(f)) for f in ex.rewrites}
+    assert any(f is not None and id(f) in public for f in called), (
+        f"{ex.name}: declare the library's function as a mistake (its hint: the ban's)"
+    )
+    private = {
+        id(inspect.unwrap(f)) for m in _library_modules(ex) for f in defined_in(m) if _is_private(f)
+    }
+    if private:
+        assert any(f is not None and id(f) in private for f in called), (
+            f"{ex.name}: declare a private helper of the library's module as a mistake"
+        )
 
 
 def test_the_library_works_after_a_ban():

@@ -203,10 +203,11 @@ def test_argument_checks_speak_chinese(chinese):
 
 
 def test_values_in_a_translated_success_line_are_the_measured_ones(chinese, capsys):
-    mha.exercises.check_qk_variance_prediction(64, 1)
-    unscaled, scaled = mha.exercises.ch02._variances()
+    mha.exercises.check_qk_variance_prediction(1 / 8, 16)
+    by_width, std_two = mha.exercises.ch02._variances()
     assert capsys.readouterr().out == (
-        f"✓ check_qk_variance_prediction：正确——测得未缩放时为{unscaled:.1f}，缩放后为{scaled:.2f}\n"
+        f"✓ check_qk_variance_prediction：正确——测得除以√512时为{by_width:.3f}，"
+        f"元素标准差为2时为{std_two:.1f}\n"
     )
     assert torch.get_default_dtype() == torch.float32
 

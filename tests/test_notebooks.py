@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import sys
+import unicodedata
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -503,22 +504,49 @@ def test_figures_have_alt_text_and_a_caption_and_are_sharp(notebook):
 
 
 # A code cell's line that fits the book's text column at desktop width (tests/test_browser.py
-# checks the rendered page, folded cells opened: a wider cell scrolls sideways).
+# checks the rendered page, folded cells opened: a wider cell scrolls sideways). Width is counted
+# in monospace columns: a wide character (Chinese, full-width punctuation) takes two.
 CODE_COLUMNS = 82
+ZH_NOTEBOOKS = sorted((REPO / "zh" / "chapters").glob("[0-9][0-9]_*.ipynb"))
+
+
+def display_columns(line: str) -> int:
+    """A line's width in monospace columns: two for an East Asian wide or full-width character."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in line)
+
+
+def too_wide_code_lines(nb) -> list[str]:
+    return [
+        f"cell {i}: {display_columns(line)} columns: {line.strip()[:60]}"
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "code" and i != 1  # cell 1: the setup cell
+        for line in cell.source.splitlines()
+        if display_columns(line) > CODE_COLUMNS
+    ]
 
 
 def test_code_fits_the_column(notebook):
     path, nb = notebook
-    long = [
-        f"cell {i}: {len(line)} columns: {line.strip()[:60]}"
-        for i, cell in enumerate(nb.cells)
-        if cell.cell_type == "code" and i != 1
-        for line in cell.source.splitlines()
-        if len(line) > CODE_COLUMNS
-    ]
+    long = too_wide_code_lines(nb)
     assert not long, f"{path.name}: code lines wider than {CODE_COLUMNS} columns:\n" + "\n".join(
         long
     )
+
+
+@pytest.mark.parametrize("path", ZH_NOTEBOOKS, ids=lambda p: f"zh-{p.name}")
+def test_chinese_code_fits_the_column(path):
+    """The Chinese notebooks' code (comments translated under `code:` in i18n/zh/<stem>.yml)."""
+    long = too_wide_code_lines(nbformat.read(path, as_version=4))
+    assert not long, (
+        f"zh/chapters/{path.name}: code lines wider than {CODE_COLUMNS} columns (a Chinese "
+        "character counts two; shorten the comment in i18n/zh/):\n" + "\n".join(long)
+    )
+
+
+def test_a_chinese_character_takes_two_columns():
+    assert display_columns("x = 1  # 一") == 11
+    assert display_columns("（查询，键）") == 12
+    assert display_columns("abc") == 3
 
 
 # A line that asserts, or a measured claim (mha.lab.claims.claim asserts and records it).

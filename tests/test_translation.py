@@ -26,6 +26,7 @@ import translation_code  # noqa: E402
 import translation_figures  # noqa: E402
 import translation_files  # noqa: E402
 import translation_glossary  # noqa: E402
+import translation_printed  # noqa: E402
 import translation_structure  # noqa: E402
 
 FIX = "edit i18n/zh/, then run: python tools/translate.py build (see python tools/translate.py todo <stem>)"
@@ -65,12 +66,15 @@ CHECKER_LINE_EN = re.compile(r"^✓ (check_\w+): correct — \S.*$")
 CHECKER_LINE_ZH = re.compile(r"^✓ (check_\w+)：正确——\S.*$")
 
 
-def without_translated_text(cell) -> dict:
+def without_translated_text(cell, printed: list | None = None) -> dict:
     """A cell without what a Chinese notebook translates: markdown, a figure's alt text and
     caption, code comments, the setup cell's source (tested below), and the checkers' lines, which
     become the `check_*` name alone (what the checker prints in Chinese is tested below); a
-    figure is its Chinese drawing (what make execute stored beside the English one)."""
+    figure is its Chinese drawing (what make execute stored beside the English one); printed
+    lines are put in Chinese by the `printed` tables (tools/translation_printed.py)."""
     cell = nbformat.from_dict(dict(cell))
+    for output in cell.get("outputs", []) if printed else []:
+        translation_printed.translate_output(output, printed)
     if cell.cell_type == "markdown":
         cell.source = ""
     if cell.cell_type == "code" and "import mha\n" in cell.source and "%pip install" in cell.source:
@@ -96,13 +100,14 @@ def test_a_chinese_notebook_has_the_english_code_and_outputs(stem):
     chinese = nbformat.read(translation_files.ZH / "chapters" / f"{stem}.ipynb", as_version=4)
     cells = [c for c in chinese.cells if c.id != "zh-untranslated-note"]
     assert [c.id for c in cells] == [c.id for c in english.cells]
+    listed = stem in translation_files.listed_stems()
+    printed = [translation_printed.load_printed(n) for n in (stem, "printed")] if listed else []
     for en, zh in zip(english.cells, cells):
-        assert without_translated_text(zh) == without_translated_text(en), (
+        assert without_translated_text(zh) == without_translated_text(en, printed), (
             f"{stem}: cell {en.id} differs from the English beyond its translated text"
         )
     assert chinese.metadata.pop("language") == translation_book.LANG
     assert chinese.metadata == english.metadata
-    listed = stem in translation_files.listed_stems()
     assert listed == (len(cells) == len(chinese.cells)), (
         f"{stem}: the 'not translated yet' note belongs exactly on the unlisted chapters"
     )
@@ -416,7 +421,8 @@ def test_a_chinese_notebook_runs_from_a_clone_and_its_checkers_speak_chinese():
     probe = (
         "import json\nimport mha.exercises\n"
         "print(json.dumps([mha.__file__, mha.exercises.get_language()]))\n"
-        "mha.exercises.check_lookup_weights(lambda q, k: (q @ k.mT / q.shape[-1] ** 0.5).softmax(-1))"
+        "mha.exercises.check_lookup_weights(lambda x, k, w: ((x[..., :, None, :] - "
+        "k[..., None, :, :]) ** 2).sum(-1).div(-2 * w**2).softmax(-1))"
     )
     nb = nbformat.v4.new_notebook(
         cells=[nbformat.v4.new_code_cell(setup), nbformat.v4.new_code_cell(probe)]
@@ -466,13 +472,109 @@ def test_an_allowed_word_and_an_english_gloss_are_not_avoided_terms():
         ("它的缓存恰好小4倍", True),
         ("比预填充低五十倍以上", True),
         ("softmax的FLOPs只有乘积的1/25", False),
-        ("它比GPU慢几千倍", False),  # more time: not ambiguous
+        # A slower speed is a reduction too (of the speed): 慢, 放慢, 降 and 减 before 倍 ...
+        ("它比GPU慢几千倍", True),
+        ("快的对现在慢了32倍", True),
+        ("转得慢的数对被放慢40倍", True),
+        ("吞吐量降低了约3倍", True),
+        ("融合内核把字节数削减多少倍", True),
+        ("把序列缩短4倍", True),
+        # ... or a verb of decrease after 倍 / 倍数.
+        ("把慢的对按上下文倍数放慢", True),
+        ("把这些速度按8倍地减小", True),
+        ("它的速度只有GPU的几千分之一", False),
+        ("快的对现在转速降为原来的1/32", False),
         ("保存的字节数变为原来的多少倍", False),
         ("提高到组的大小那么多倍", False),
+        ("在这台CPU上分段形式快好几倍", False),  # growth
+        ("误差相差不超过一个小的倍数", False),  # 倍数 after 小: no reduction
+        ("缩放后的2到8倍", False),  # 缩放 (scaling) is no 缩小
+        ("至少两倍", False),
+        ("在D较小时，梯度是2到8倍", False),  # another clause
     ],
 )
 def test_a_reduction_stated_as_a_multiple_is_caught(text, ambiguous):
     assert bool(translation_glossary.glossary_problems(text, [])) == ambiguous, text
+
+
+def test_a_reduction_stated_as_a_multiple_is_caught_in_code_comments():
+    assert translation_check.comment_word_problems("转速降为原来的1/32") == []
+    assert translation_check.comment_word_problems("慢了32倍")
+
+
+def test_the_forbidden_words_are_caught_in_prose_comments_and_the_setup_cell(tmp_path):
+    assert translation_check.forbidden_problems("使用本笔记本所在的检出目录")
+    assert translation_check.forbidden_problems("使用本notebook所在的检出目录") == []
+    assert translation_check.comment_word_problems("本笔记本的缓存")
+    setup = translation_code.chinese_setup_cell(
+        translation_code.SETUP_CELL.read_text(encoding="utf-8")
+    )
+    assert "本笔记本" not in setup and "本notebook" in setup
+    units = [("a1", "markdown", "This notebook runs on a CPU.")]
+    text = "本笔记本在CPU上运行。"
+    write_translation(
+        tmp_path, "demo", {"a1": {"en": translation_files.en_hash(units[0][2]), "zh": text}}
+    )
+    problems = translation_check.check_file("demo", [], tmp_path, units)
+    assert any("本笔记本" in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    "chinese, ok",
+    [
+        ("## 小结\n\n- 注意力是软查找。", True),
+        ("## 要点\n\n- 注意力是软查找。", False),
+        ("## 要点回顾\n\n- 注意力是软查找。", False),
+        ("## 本节要点\n\n- 注意力是软查找。", False),
+        ("## 总结\n\n- 注意力是软查找。", False),
+    ],
+)
+def test_the_closing_heading_is_xiaojie(tmp_path, chinese, ok):
+    english = "## What to take away\n\n- Attention is a soft lookup."
+    assert (translation_check.closing_heading_problems(english, chinese) == []) == ok
+    # Another heading may say what it likes; a heading inside a code block is no heading.
+    assert translation_check.closing_heading_problems("## Exercises", "## 要点") == []
+    units = [("a1", "markdown", english)]
+    write_translation(
+        tmp_path, "demo", {"a1": {"en": translation_files.en_hash(english), "zh": chinese}}
+    )
+    problems = translation_check.check_file("demo", [], tmp_path, units)
+    assert any("closing heading" in p for p in problems) != ok, problems
+
+
+def test_the_glossary_has_the_terms_of_chapters_9_to_11_with_their_english_at_first_use():
+    terms = {t["en"]: t for t in translation_files.load_glossary()}
+    first_use = {
+        "attention sink": "注意力汇",
+        "ring attention": "环形注意力",
+        "continuous batching": "连续批处理",
+        "copy-on-write": "写时复制",
+        "block table": "块表",
+        "quantise": "量化",
+        "dequantise": "反量化",
+        "gate": "门控",
+        "latent vector": "潜在向量",
+        "linear attention": "线性注意力",
+        "delta rule": "delta规则",
+        "chunk": "分段",
+        "prefix caching": "前缀缓存",
+    }
+    for english, chinese in first_use.items():
+        assert english in terms and terms[english]["zh"] == chinese, english
+        assert terms[english].get("first_use"), english
+    # chunk, tile and block: three words for three things.
+    assert [terms[e]["zh"] for e in ("chunk", "tile", "block (of a paged cache)")] == [
+        "分段",
+        "分块",
+        "块",
+    ]
+    assert "前k个" in terms["top-k"]["avoid"]
+
+
+def test_a_quantised_word_inside_another_is_not_a_first_use():
+    glossary = [{"en": "quantise", "zh": "量化", "allow": ["反量化", "向量化"], "first_use": True}]
+    pages = [("a", [("c1", "向量化地求值，再反量化。"), ("c2", "量化（quantise）到int8。")])]
+    assert translation_glossary.first_use_problems(pages, glossary) == []
 
 
 def test_a_chapter_gives_the_english_at_the_first_use_of_a_term():

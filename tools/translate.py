@@ -48,8 +48,10 @@ one, else the notebook is stale), comments translated under `code:`, and every f
 English words replaced by its Chinese drawing. Other code cells, outputs, cell ids and tags are
 copied.
 
-`check` also enforces, in every listed file: no reduction stated as a multiple (比B少N倍, 缩小N倍), and
-per chapter (opening page and sections, in reading order) the English in full-width parentheses at
+`check` also enforces, in every listed file: no reduction stated as a multiple (比B少N倍, 缩小N倍,
+慢了N倍, 按倍数放慢: translation_glossary.REDUCTION_BY_A_MULTIPLE; code comments included), never
+本笔记本 (prose, code comments, the setup cell), the closing heading of every section ("What to take
+away") translated 小结, and per chapter (opening page and sections, in reading order) the English in full-width parentheses at
 the first use of every glossary term marked `first_use`; every English word drawn in a figure has its
 Chinese in `figures:`, each Chinese drawing was made with today's table, and no entry is unused.
 

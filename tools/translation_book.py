@@ -38,6 +38,7 @@ from translation_files import (
     translated,
 )
 from translation_glossary import english_glossary_page, glossary_page
+from translation_printed import SHARED, load_printed, translate_output
 
 LANG = "zh-CN"
 TITLE = "多头注意力：从直觉到GPU"
@@ -68,12 +69,15 @@ def deeper_paths(text: str) -> str:
     return "\n".join(INCLUDE_PATH.sub(r"\1../../", ln) for ln in text.split("\n"))
 
 
-def chinese_code_cell(cell, stem: str, setup: str) -> None:
+def chinese_code_cell(cell, stem: str, setup: str, printed: list[dict[str, str]]) -> None:
+    """A listed chapter's code cell: the Chinese setup cell, the checkers' lines and the printed
+    lines (``printed``: the notebook's table, then the shared one) in Chinese, figures redrawn."""
     if cell.source.rstrip("\n") == setup.rstrip("\n"):
         cell.source = chinese_setup_cell(cell.source)
     for output in cell.get("outputs", []):
         if output.output_type == "stream" and output.name == "stdout":
             output.text = chinese_checker_output(output.text, f"{stem}: cell {cell.id}")
+        translate_output(output, printed)
         chinese_figure(output)
 
 
@@ -83,10 +87,11 @@ def chinese_notebook(stem: str, *, listed: bool):
     cells = translated(notebook_units(nb), load_translation(stem)) if listed else {}
     setup = SETUP_CELL.read_text(encoding="utf-8")
     comments = load_code_comments(stem) if listed else {}
+    printed = [load_printed(stem), load_printed(SHARED)] if listed else []
     for cell in nb.cells:
         entry = cells.get(cell.id)
         if cell.cell_type == "code" and listed:
-            chinese_code_cell(cell, stem, setup)
+            chinese_code_cell(cell, stem, setup, printed)
             cell.source = with_comments(cell.source, comments.get(cell.id, {}))
         if cell.cell_type == "markdown":
             cell.source = deeper_paths(entry["zh"].rstrip("\n") if entry else cell.source)

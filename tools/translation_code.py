@@ -75,7 +75,7 @@ SETUP_COMMENTS = {
         "# 准备工作。在Colab上：从代码仓库安装课程的Python包`mha`"
     ),
     "# (Colab's own torch and numpy stay untouched). Locally: use the checkout": (
-        "# （Colab自带的torch和numpy保持不变）。在本地：使用本笔记本所在的"
+        "# （Colab自带的torch和numpy保持不变）。在本地：使用本notebook所在的"
     ),
     "# this notebook lives in.": "# 检出目录（zh/chapters/的上两级）。",
     "# Figures at twice their size: sharp on high-density screens. Their text is": (

@@ -3,7 +3,7 @@
 The English glossary page (chapters/glossary.md: each term's definition and the section that
 teaches it) and the Chinese one (zh/chapters/glossary.md: the table of translations). The rules: no
 word that a term lists under `avoid` (in prose and in the words of formulas), no reduction stated as
-a multiple (比B少N倍, 缩小N倍), and a term marked `first_use` glossed with its English in full-width
+a multiple (比B少N倍, 缩小N倍, 慢了N倍: REDUCTION_BY_A_MULTIPLE), and a term marked `first_use` glossed with its English in full-width
 parentheses at its first use in each chapter.
 """
 
@@ -28,10 +28,16 @@ GLOSS = re.compile(
 )
 # At a term's first use: its English (and maybe more) in full-width parentheses: 多查询注意力（MQA，…）.
 FIRST_USE_GLOSS = re.compile(r"（\s*[A-Za-z]")
-# "A 比 B 少/小/低 N 倍", "缩小 N 倍": ambiguous in Chinese (a reduction stated as a multiple);
-# write what it comes to instead: 只有B的四分之一, 是原来的1/25, 乘以α.
+# A reduction stated as a multiple is ambiguous in Chinese: "比B少/小/低N倍", "缩小N倍", "慢了32倍",
+# "被放慢40倍", "降低N倍", "按上下文倍数放慢". Write what it comes to instead: 只有B的四分之一,
+# 是原来的1/25, 降为原来的1/32, 乘以α. The rule, within one clause (no ，。；：（） or line break):
+# (1) a word of decrease -- 少 (not 多少, 至少), 小 (not 大小), 低, 降, 减, 缩小/缩短/缩减 (not 缩放),
+#     慢 -- then at most 16 characters, then 倍 (not 倍数: "一个小的倍数" is no reduction); or
+# (2) 倍 or 倍数, then (地) a verb of decrease: 放慢, 变慢, 减慢, 缩小, 减少, 减小, 降低, 下降.
+# Growth by a multiple (快好几倍, 大了十倍, 变为原来的4倍) is not caught.
 REDUCTION_BY_A_MULTIPLE = re.compile(
-    r"(?:(?<!多)少|(?<!大)小|低|缩小|减少|降低)(?:了|约|近|到|至)?[^，。；：（）\n]{0,16}?倍(?!数)"
+    r"(?:(?<![多至])少|(?<!大)小|低|降|减|缩[小短减]|慢)(?:了|约|近|到|至)?[^，。；：（）\n]{0,16}?倍(?!数)"
+    r"|倍数?地?(?:放慢|变慢|减慢|缩小|减少|减小|降低|下降)"
 )
 
 

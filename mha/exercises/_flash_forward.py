@@ -338,6 +338,15 @@ def _flash_by_helper(q, k, v, causal=None, block_q=16, block_k=16):
     return out, lse.float()
 
 
+def _flash_by_private_helper(q, k, v, causal=None, block_q=16, block_k=16):
+    """mha.flash's private _flash_attention, the loop behind flash_attention without its checks."""
+    L, S, G = q.shape[2], k.shape[2], q.shape[1] // k.shape[1]
+    mask = mha.causal_mask_bottom_right(L, S) if causal == "bottom-right" else None
+    scale = q.shape[-1] ** -0.5
+    out, lse = flash._flash_attention(q, k, v, mask, causal == "top-left", scale, block_k, G)
+    return out, lse.float()
+
+
 def _flash_by_sdpa(q, k, v, causal=None, block_q=16, block_k=16):
     """F.scaled_dot_product_attention for out, torch.logsumexp of every score for lse."""
     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True), torch.zeros(q.shape[:-1])
@@ -442,6 +451,7 @@ FLASH_FORWARD = Exercise(
         (_flash_all_at_once, _FLASH_ONE_TILE),
         (_flash_by_library, _FLASH_NO_LIBRARY),
         (_flash_by_helper, _FLASH_NO_LIBRARY),
+        (_flash_by_private_helper, _FLASH_NO_LIBRARY),
         (_flash_by_sdpa, _FLASH_NO_LIBRARY),
     ),
     hint={
@@ -457,6 +467,7 @@ FLASH_FORWARD = Exercise(
     outputs=("out", "lse", "scores_computed"),
     call=_flash_run,
     forbidden=_FLASH_BANNED,
+    rewrites=(flash.flash_attention,),
     forbidden_hint=_FLASH_NO_LIBRARY,
     params=("my_flash_forward",),
     doc="Check ``my_flash_forward(q, k, v, causal=None, block_q=16, block_k=16) -> (out, lse)``, "

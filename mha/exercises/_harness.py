@@ -82,7 +82,10 @@ def tr(text: str, *args: object, **values: object) -> str:
 
 
 class ExerciseError(AssertionError):
-    """A learner's answer is wrong; the message says how and hints at why."""
+    """A learner's answer is wrong; the message says how and hints at why. When the answer called
+    a banned function, ``banned`` is the first one it called (else None)."""
+
+    banned: Callable[..., Any] | None = None
 
 
 class NotAttempted(Exception):
@@ -203,13 +206,13 @@ class _Banned(TorchFunctionMode):
     """Sees every torch function called while it is active, however it was reached (an alias,
     ``functools.partial``, a method): the torch half of :func:`watch`."""
 
-    def __init__(self, banned: Sequence[Callable[..., Any]], trip: Callable[[], None]) -> None:
+    def __init__(self, banned: Sequence[Callable[..., Any]], trip: Callable[[Any], None]) -> None:
         super().__init__()
         self.banned, self.trip = banned, trip
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if any(func is b for b in self.banned):
-            self.trip()
+            self.trip(func)
         return func(*args, **(kwargs or {}))
 
 
@@ -223,23 +226,29 @@ def watch(banned: Sequence[Callable[..., Any]], message: str) -> Iterator[None]:
         yield
         return
     functions = [inspect.unwrap(f) for f in banned]  # a decorator's wrapper calls the original
-    codes = {id(f.__code__) for f in functions if isinstance(f, FunctionType)}
+    codes = {id(f.__code__): f for f in functions if isinstance(f, FunctionType)}
     builtins = {f for f in banned if isinstance(f, BuiltinFunctionType)}
-    methods = {f.__name__: f.__objclass__ for f in banned if isinstance(f, MethodDescriptorType)}
-    tripped: list[bool] = []
+    methods = {f.__name__: f for f in banned if isinstance(f, MethodDescriptorType)}
+    tripped: list[Callable[..., Any]] = []  # what was called, first first
 
-    def trip() -> None:
-        tripped.append(True)
-        raise ExerciseError(message)
+    def error() -> ExerciseError:
+        err = ExerciseError(message)
+        err.banned = tripped[0]
+        return err
+
+    def trip(function: Callable[..., Any]) -> None:
+        tripped.append(function)
+        raise error()
 
     def profile(frame: Any, event: str, arg: Any) -> None:
         if event == "call" and id(frame.f_code) in codes:
-            trip()
-        elif event == "c_call" and (
-            arg in builtins
-            or isinstance(getattr(arg, "__self__", None), methods.get(arg.__name__, ()))
-        ):
-            trip()  # a method of a tensor: x.softmax(...) reaches here bound to x
+            trip(codes[id(frame.f_code)])
+        elif event == "c_call" and arg in builtins:
+            trip(arg)
+        elif event == "c_call" and arg.__name__ in methods:
+            method = methods[arg.__name__]
+            if isinstance(getattr(arg, "__self__", None), method.__objclass__):
+                trip(method)  # a method of a tensor: x.softmax(...) reaches here bound to x
 
     previous = sys.getprofile()
     sys.setprofile(profile)
@@ -249,7 +258,7 @@ def watch(banned: Sequence[Callable[..., Any]], message: str) -> Iterator[None]:
     finally:
         sys.setprofile(previous)
     if tripped:
-        raise ExerciseError(message)
+        raise error()
 
 
 #: What the backward exercises are to do by hand: autograd in every form, and torch's own kernel.
@@ -347,6 +356,11 @@ class Exercise:
     # by identity however they are reached (see watch), and what the learner reads then.
     forbidden: Sequence[Callable[..., Any]] = ()
     forbidden_hint: str = ""
+    # The library's functions that do what the learner is to write (its public entry points, e.g.
+    # mha.causal_mask): their modules are banned whole, and the library's function and one of its
+    # module's private helpers are declared mistakes. () when neither mha nor torch has one; None
+    # (undeclared) only in a prediction.
+    rewrites: Sequence[Callable[..., Any]] | None = None
     custom: Callable[[Any], str] | None = None  # a check of its own; returns the success detail
     # The public checker's parameters (several: a tuple answer); a prediction's default to its
     # outputs' names.

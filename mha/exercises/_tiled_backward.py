@@ -7,6 +7,7 @@ import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -299,6 +300,29 @@ def _tiled_by_library(q, k, v, out, lse, dout, *, is_causal=False, block_q=16, b
     )
 
 
+def _tiled_by_private_helper(q, k, v, out, lse, dout, *, is_causal=False, block_q=16, block_k=16):
+    """The tiled loop with each tile's scores from mha.flash's private _tile_scores (the library
+    reached around its public names)."""
+    L, S = q.shape[-2], k.shape[-2]
+    scale = q.shape[-1] ** -0.5
+    delta = (dout * out).sum(-1, keepdim=True)  # (B, H, L, 1)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    future = torch.ones(max(block_q, block_k), max(block_q, block_k), dtype=torch.bool).triu(1)
+    for q0 in range(0, L, block_q):
+        for k0 in range(0, S, block_k):
+            t = SimpleNamespace(q0=q0, q1=min(q0 + block_q, L), k0=k0, k1=min(k0 + block_k, S))
+            if is_causal and k0 > t.q1 - 1:
+                continue
+            s = flash._tile_scores(q * scale, k, t, None, future if is_causal else None)
+            p = torch.exp(s - lse[..., t.q0 : t.q1, None])  # (B, H, R, C)
+            d_rows = dout[..., t.q0 : t.q1, :]
+            ds = p * (d_rows @ v[..., t.k0 : t.k1, :].mT - delta[..., t.q0 : t.q1, :])
+            dv[..., t.k0 : t.k1, :] += p.mT @ d_rows
+            dq[..., t.q0 : t.q1, :] += ds @ k[..., t.k0 : t.k1, :] * scale
+            dk[..., t.k0 : t.k1, :] += ds.mT @ q[..., t.q0 : t.q1, :] * scale
+    return dq, dk, dv
+
+
 def _tiled_by_autograd(q, k, v, out, lse, dout, *, is_causal=False, block_q=16, block_k=16):
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
     scores = q @ k.mT / math.sqrt(q.shape[-1])
@@ -340,6 +364,7 @@ TILED_BACKWARD = Exercise(
         (_whole_matrix_backward, _WHOLE),  # first: on the guarded cases others raise its error
         (_tiled_by_library, _NO_SHORTCUT),
         (_tiled_by_autograd, _NO_SHORTCUT),
+        (_tiled_by_private_helper, _NO_SHORTCUT),
         (
             slipped(_tiled_backward, "tile_delta"),
             "δ is a sum over the whole row of keys: rowsum(P * dP) over one tile's keys misses "
@@ -372,6 +397,7 @@ TILED_BACKWARD = Exercise(
     outputs=("dq", "dk", "dv"),
     call=_call_tiled,
     forbidden=TILED_BANNED,
+    rewrites=(flash.flash_attention_backward, torch.autograd.grad),
     forbidden_hint=_NO_SHORTCUT,
     params=("my_flash_backward",),
     doc="Check ``my_flash_backward(q, k, v, out, lse, dout, *, is_causal=False, block_q=16, "

@@ -7,7 +7,9 @@ contract of :mod:`mha.lab.writer`. The check has two parts. :data:`LAYER_VALUES`
 its own, not published: :data:`mha.exercises.ch04.MODEL_THAT_WRITES` runs it) loads the weights of
 an ``nn.MultiheadAttention`` into the answer and compares three outputs with it: a causal pass, a
 causal pass over right-padded sequences (``real``), and a decode through the answer's own cache (a
-prompt, a chunk, then one token at a time) against the full causal pass. Then :func:`held_out_loss`
+prompt, a chunk, then one token at a time) against the full causal pass; a fourth check reads the
+cache after the decode, which must hold the keys and values of every token (``cache["k"]``,
+``cache["v"]``, ``(B, H, S, D)``), not inputs to project again. Then :func:`held_out_loss`
 trains a one-block :class:`mha.lab.writer.CharModel` built on the answer, on one thread, and
 bounds its loss on held-out text (once per class: a second check of the same class reuses it).
 While the value runs go, the answer may not call any function of ``mha/attention.py``
@@ -37,6 +39,15 @@ BANNED: tuple[Callable[..., Any], ...] = (
     nn.MultiheadAttention.forward,
     *defined_in(_attention_module),
     *defined_in(_multihead_module),
+)
+#: The library's functions the learner's layer does the work of: torch's and mha's attention and
+#: multi-head layers (their modules are banned whole above).
+REWRITES: tuple[Callable[..., Any], ...] = (
+    F.scaled_dot_product_attention,
+    _attention_module.scaled_dot_product_attention,
+    F.multi_head_attention_forward,
+    nn.MultiheadAttention.forward,
+    _multihead_module.MultiHeadAttention.forward,
 )
 NO_READY_MADE = (
     "write the attention yourself: no mha attention code, nn.MultiheadAttention, "
@@ -84,7 +95,8 @@ def _cases() -> list[Case]:
 
 def _reference(E: int, H: int, x: Tensor, lengths: Tensor, params: dict[str, Tensor]):
     """nn.MultiheadAttention with the same weights: a causal pass, a causal pass with padding,
-    and (what a cached decode must give) the causal pass again."""
+    (what a cached decode must give) the causal pass again, and what the cache must then hold:
+    the keys and values of every token, ``(2, B, H, L, D)``."""
     torch_layer = nn.MultiheadAttention(E, H, batch_first=True)
     with torch.no_grad():
         qkv = ("q_proj", "k_proj", "v_proj")
@@ -99,11 +111,26 @@ def _reference(E: int, H: int, x: Tensor, lengths: Tensor, params: dict[str, Ten
         padded = torch_layer(
             x, x, x, attn_mask=future, key_padding_mask=padding, need_weights=False
         )[0]
-    return causal, padded, causal
+        B, D = x.shape[0], E // H
+        k, v = (
+            F.linear(x, params[f"{n}.weight"], params[f"{n}.bias"]).view(B, L, H, D).transpose(1, 2)
+            for n in ("k_proj", "v_proj")
+        )  # (B, H, L, D) each
+    return causal, padded, causal, torch.stack([k, v])
 
 
-def _outputs(Layer: Any, case: Case) -> tuple[Tensor, Tensor, Tensor] | None:
-    """The answer's three outputs on ``case``: causal, padded, decoded through its cache."""
+def _held(cache: dict) -> Tensor:
+    """What the cache holds after the decode, ``cache["k"]`` and ``cache["v"]`` stacked (empty
+    when they are missing or differ in shape: then the comparison says what is wrong)."""
+    k, v = cache.get("k"), cache.get("v")
+    if isinstance(k, Tensor) and isinstance(v, Tensor) and k.shape == v.shape:
+        return torch.stack([k, v])
+    return torch.empty(0)
+
+
+def _outputs(Layer: Any, case: Case) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+    """The answer's four outputs on ``case``: causal, padded, decoded through its cache, and
+    what that cache holds at the end."""
     E, H, x, lengths, params = case.args
     if isinstance(Layer, type) and is_stub(getattr(Layer, "forward", None)):
         raise NotAttempted
@@ -125,7 +152,7 @@ def _outputs(Layer: Any, case: Case) -> tuple[Tensor, Tensor, Tensor] | None:
             pieces.append(layer(x[:, start : start + size].clone(), cache=cache))
             start += size
         decoded = torch.cat(pieces, dim=1)
-    return causal, padded, decoded
+    return causal, padded, decoded, _held(cache)
 
 
 # --- the learner's layer, written several ways: the reference answer, variants, mistakes -------
@@ -158,7 +185,12 @@ class Reference(_Projections):
                 p(x).view(B, L, H, D).transpose(1, 2)
                 for p in (self.q_proj, self.k_proj, self.v_proj)
             )
-        if cache is not None:
+        if cache is not None and slip == "cache_inputs":  # caches x, recomputes k and v
+            cache["x"] = torch.cat([cache["x"], x], dim=1) if "x" in cache else x
+            k, v = (
+                p(cache["x"]).view(B, -1, H, D).transpose(1, 2) for p in (self.k_proj, self.v_proj)
+            )
+        elif cache is not None:
             if "k" in cache:
                 k_all = torch.cat([cache["k"], k], dim=2)
                 v_all = torch.cat([cache["v"], v], dim=2)
@@ -311,6 +343,11 @@ _TOP_LEFT = (
     "With a cache the L new queries are the last L of S keys: align the causal mask "
     "bottom-right, tril(S - L)."
 )
+_KV_CACHE = (
+    "Keep the keys and values themselves in the cache, cache['k'] and cache['v'], (B, H, S, D) "
+    "each: recomputing them from cached inputs gives the same output at the cost of projecting "
+    "every past token again at every step."
+)
 _INVERTED = "real is True for a real token: hide the keys where it is False."
 _ROWS = "Padding hides keys, the columns of the scores: real[:, None, None, :]."
 
@@ -323,6 +360,7 @@ MISTAKES = (
     (_slip("sqrt_E"), _SCALE),
     (_slip("forget"), _FORGET),
     (_slip("top_left"), _TOP_LEFT),
+    (_slip("cache_inputs"), _KV_CACHE),
     (_slip("inverted"), _INVERTED),
     (_slip("rows"), _ROWS),
     (Library, NO_READY_MADE),
@@ -334,6 +372,7 @@ HINTS = {
     "causal": "Expected nn.MultiheadAttention's output under a causal mask.",
     "padded": "With real given, hide the padded keys (real False) as well as the future ones.",
     "decoded": "Decoding through the cache must give the full causal pass: " + _FORGET,
+    "cache": _KV_CACHE,
 }
 
 #: The layer's values, checked like any exercise: run by the published exercise's check.
@@ -346,7 +385,7 @@ LAYER_VALUES = Exercise(
     mistakes=MISTAKES,
     hint=HINTS,
     crash_hint=CONTRACT,
-    outputs=("causal", "padded", "decoded"),
+    outputs=("causal", "padded", "decoded", "cache"),
     call=_outputs,
     forbidden=BANNED,
     forbidden_hint=NO_READY_MADE,

@@ -4,6 +4,7 @@ seed's own mistakes (no 1/√d_k, a hard argmax) among the usual ones."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -14,7 +15,9 @@ from torch import Tensor
 
 import mha
 
-from ._harness import NO_SDPA, Case, Exercise, ExerciseError, attend, publish, tr
+from .. import attention as attention_module
+from .. import flash as flash_module
+from ._harness import NO_SDPA, Case, Exercise, ExerciseError, attend, defined_in, publish, tr
 
 # The seed's "猫 吃 鱼" example: three tokens with 2-dimensional embeddings, Q = K = V = X.
 CAT_EATS_FISH = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])  # (L, E) = (3, 2)
@@ -34,63 +37,160 @@ def _no_softmax(scores: Tensor, dim: int) -> Tensor:
     return scores
 
 
-def _lookup_reference(query: Tensor, key: Tensor) -> Tensor:
-    """softmax(Q K^T / sqrt(D)) by torch's SDPA: with identity values, out = weights."""
-    S = key.shape[-2]
-    eye = torch.eye(S, dtype=query.dtype).expand(*key.shape[:-2], S, S)  # (..., S, S)
-    return F.scaled_dot_product_attention(query, key, eye)  # (..., L, S)
+# --- 1.1: the weights of kernel regression (Nadaraya–Watson) ---------------------------------------
+
+#: Ready-made attention, which the chapter's exercises may not call: torch's and mha's, every
+#: function of mha's attention and flash modules (public and private), and the layers around them.
+READY_MADE_ATTENTION: tuple[Callable[..., Any], ...] = (
+    *NO_SDPA,
+    *defined_in(attention_module),
+    *defined_in(flash_module),
+    mha.MultiHeadAttention.forward,
+    mha.TransformerBlock.forward,
+    torch.nn.MultiheadAttention.forward,
+    mha.varlen_attention,
+    mha.paged_attention,
+    mha.flash_decoding,
+    mha.topk_sparse_attention,
+)
 
 
-def _lookup_cases() -> list[Case]:
+def _kernel_scores(x: Tensor, x_keys: Tensor, width: float, **slip: bool) -> Tensor:
+    """-‖x - x_i‖² / (2 width²) for every query and key: (..., L, S); or with one ``slip``."""
+    diff = x[..., :, None, :] - x_keys[..., None, :, :]  # (..., L, S, D)
+    if slip.get("sum_first"):
+        dist2 = diff.sum(-1) ** 2  # (..., L, S)
+    elif slip.get("unsquared"):
+        dist2 = diff.pow(2).sum(-1).sqrt()
+    else:
+        dist2 = diff.pow(2).sum(-1)
+    two = 1.0 if slip.get("no_two") else 2.0
+    wide = width if slip.get("width_once") else width**2
+    return (1.0 if slip.get("plus") else -1.0) * dist2 / (two * wide)
+
+
+def _kernel_reference(x: Tensor, x_keys: Tensor, width: float) -> Tensor:
+    """The Nadaraya–Watson weights, in float64: softmax over the keys of the Gaussian scores."""
+    return _kernel_scores(x.double(), x_keys.double(), width).softmax(-1).to(x.dtype)
+
+
+def _kernel_slip(x: Tensor, x_keys: Tensor, width: float, **slip: bool) -> Tensor:
+    return torch.softmax(_kernel_scores(x, x_keys, width, **slip), dim=-1)
+
+
+def _kernel_by_exp(x: Tensor, x_keys: Tensor, width: float) -> Tensor:
+    """The kernel values exp(-d² / 2w²) divided by their sum: 0/0 once they all underflow."""
+    kernel = torch.exp(_kernel_scores(x, x_keys, width))  # (..., L, S)
+    return kernel / kernel.sum(-1, keepdim=True)
+
+
+def _kernel_by_hand(x: Tensor, x_keys: Tensor, width: float) -> Tensor:
+    """The stable softmax written out: the nearest key's score subtracted first."""
+    scores = _kernel_scores(x, x_keys, width)
+    e = (scores - scores.amax(-1, keepdim=True)).exp()
+    return e / e.sum(-1, keepdim=True)
+
+
+def _kernel_expanded(
+    x: Tensor, x_keys: Tensor, width: float, *, no_key_term: bool = False
+) -> Tensor:
+    """The square expanded: x·x_i / w² - ‖x_i‖² / (2 w²); the query's own term cancels."""
+    key_term = 0.0 if no_key_term else x_keys.pow(2).sum(-1)[..., None, :] / 2  # (..., 1, S)
+    return ((x @ x_keys.mT - key_term) / width**2).softmax(-1)  # (..., L, S)
+
+
+def _features(x: Tensor, x_keys: Tensor, width: float) -> tuple[Tensor, Tensor]:
+    """Query and key vectors whose dot product is the Gaussian score up to a per-query term."""
+    q = torch.cat([x / width**2, torch.ones_like(x[..., :1])], -1)  # (..., L, D + 1)
+    k = torch.cat([x_keys, -x_keys.pow(2).sum(-1, keepdim=True) / 2], -1)  # (..., S, D + 1)
+    return q, k
+
+
+def _kernel_by_library(x: Tensor, x_keys: Tensor, width: float) -> Tensor:
+    """The weights of mha.scaled_dot_product_attention on those vectors."""
+    q, k = _features(x, x_keys, width)
+    return mha.scaled_dot_product_attention(q, k, k, scale=1.0, return_weights=True)[1]
+
+
+def _kernel_by_private_helper(x: Tensor, x_keys: Tensor, width: float) -> Tensor:
+    """The same through mha.attention's private helper, which skips the argument checks."""
+    from mha.attention import _attention  # reached around the public name
+
+    q, k = _features(x, x_keys, width)
+    return _attention(q, k, k, None, 0.0, False, 1.0, return_weights=True)[1]
+
+
+def _kernel_cases() -> list[Case]:
     g = torch.Generator().manual_seed(101)
-    pairs = [
-        (2.0 * torch.randn(3, 4, generator=g), 2.0 * torch.randn(5, 4, generator=g)),  # L=3, S=5
-        (torch.randn(2, 3, 4, 8, generator=g), torch.randn(2, 3, 6, 8, generator=g)),  # B, H
+    line = torch.linspace(0, 6, 10)[:, None]  # (S, 1): 1-D points, as in the section
+    far_keys = torch.tensor([[0.0, 0.0], [3.0, 0.0], [0.0, 4.0]])  # (S, D) = (3, 2)
+    far_queries = torch.tensor([[1.2, 0.1], [-2.0, -1.0], [2.2, 3.0]])  # >= 1 from every key
+    specs = [
+        (torch.linspace(0.3, 5.7, 6)[:, None], line, 0.5),
+        (1.5 * torch.randn(4, 2, generator=g), 1.5 * torch.randn(7, 2, generator=g), 1.0),
+        (torch.randn(2, 3, 3, generator=g), torch.randn(2, 5, 3, generator=g), 2.0),
+        (far_queries, far_keys, 0.05),  # every exp(-d² / 2w²) is 0 in float32
     ]
-    return [Case(f"fn(query {tuple(q.shape)}, key {tuple(k.shape)})", (q, k)) for q, k in pairs]
+    return [
+        Case(f"fn(x {tuple(x.shape)}, x_keys {tuple(k.shape)}, width={w})", (x, k, w))
+        for x, k, w in specs
+    ]
 
 
-_SQRT_D = "divide the scores by sqrt(D), D = query.shape[-1]"
 _ROWS = "Each query (a row) spreads its weight over the keys: softmax over dim=-1."
-_HARD = "This is a hard lookup; softmax gives every key a positive weight."
-_SCALED = "These are scaled scores, not weights: apply a softmax over dim=-1."
-_NO_READY_MADE = "compute the weights yourself, without a ready-made attention."
+_NO_READY_MADE = (
+    "compute the weights from the distances yourself (torch.softmax is fine), without a "
+    "ready-made attention."
+)
+_UNDERFLOW = (
+    "At width 0.05 every kernel value exp(-d² / 2w²) underflows to 0, and 0/0 is NaN: take the "
+    "softmax of the scores, which subtracts each row's largest (the nearest key's) first."
+)
+_KEY_TERM = (
+    "x · x_i / w² is only part of the expanded square: keep the key's own term -‖x_i‖² / (2 w²) "
+    "(the query's term is the same for every key, so the softmax ignores it)."
+)
+_SUM_FIRST = "Square each coordinate's difference, then sum: ‖x - x_i‖² = Σ_d (x_d - x_i,d)²."
 LOOKUP_WEIGHTS = Exercise(
     "check_lookup_weights",
-    "every query spreads a total weight of 1 over the keys",
-    _lookup_reference,
-    _lookup_cases,
+    "Gaussian-kernel weights for points in 1, 2 and 3 dimensions and with a batch dim; at width "
+    "0.05, where every kernel value underflows, all the weight on the nearest key",
+    _kernel_reference,
+    _kernel_cases,
     variants=(
-        attend,
-        lambda q, k: (q @ k.mT * q.shape[-1] ** -0.5).softmax(-1),
-        lambda q, k: (
-            torch.einsum("...ld,...sd->...ls", q.double(), k.double())
-            .div(math.sqrt(q.shape[-1]))
-            .softmax(-1)
-        ),
+        _kernel_by_hand,
+        lambda x, x_keys, width: (-(torch.cdist(x, x_keys) ** 2) / (2 * width**2)).softmax(-1),
+        _kernel_expanded,
     ),
     mistakes=(
-        (partial(attend, scale=1.0), f"The scale is missing: {_SQRT_D}."),
+        (_kernel_by_exp, _UNDERFLOW),
+        (partial(_kernel_slip, unsquared=True), "Square the distance: exp(-‖x - x_i‖² / 2w²)."),
         (
-            lambda q, k: attend(q, k, scale=1 / q.shape[-1]),
-            "You divided by D; the scale is 1/sqrt(D).",
+            partial(_kernel_slip, no_two=True),
+            "The exponent is -‖x - x_i‖² / (2 w²): the 2 is missing.",
         ),
-        (partial(attend, dim=-2), _ROWS),
-        (partial(attend, scale=1.0, dim=-2), f"Softmax over the keys (dim=-1), and {_SQRT_D}."),
-        (lambda q, k: q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), _SCALED),
-        (lambda q, k: q @ k.mT, f"These are raw scores: {_SQRT_D}, then softmax over dim=-1."),
-        (partial(attend, weigh=_hard), _HARD),
-        (_lookup_reference, _NO_READY_MADE),
+        (partial(_kernel_slip, width_once=True), "Divide by 2 w², the width squared."),
+        (partial(_kernel_slip, plus=True), "The weight must fall with the distance: a minus sign."),
+        (partial(_kernel_slip, sum_first=True), _SUM_FIRST),
+        (partial(_kernel_expanded, no_key_term=True), _KEY_TERM),
+        (lambda x, x_keys, width: torch.softmax(_kernel_scores(x, x_keys, width), 0), _ROWS),
         (
-            lambda q, k: mha.scaled_dot_product_attention(q, k, k, return_weights=True)[1],
-            _NO_READY_MADE,
+            _kernel_scores,
+            "These are the scores: a softmax over the keys (dim=-1) makes them weights.",
         ),
+        (_kernel_by_library, _NO_READY_MADE),
+        (_kernel_by_private_helper, _NO_READY_MADE),
     ),
-    hint="Expected softmax(query @ key^T / sqrt(D)) over the last axis.",
-    crash_hint="Transpose with key.transpose(-2, -1) (not key.T) so leading batch dims stay put.",
-    forbidden=NO_SDPA,
+    hint="Expected softmax(-‖x - x_i‖² / (2 width²)) over the keys (dim=-1), one row per query.",
+    crash_hint="x is (..., L, D) and x_keys (..., S, D): x[..., :, None, :] - x_keys[..., None, :, :] "
+    "broadcasts to (..., L, S, D).",
+    forbidden=READY_MADE_ATTENTION,
     forbidden_hint=_NO_READY_MADE,
-    doc="Check ``fn(query (..., L, D), key (..., S, D)) -> weights (..., L, S)`` of a soft lookup.",
+    # attention computes them, with q = [x / w², 1] and k = [x_i, -‖x_i‖² / 2] (section 1.1)
+    rewrites=(mha.scaled_dot_product_attention, F.scaled_dot_product_attention),
+    params=("kernel_weights",),
+    doc="Check ``kernel_weights(x (..., L, D), x_keys (..., S, D), width) -> (..., L, S)``, the "
+    "Nadaraya–Watson weights of a Gaussian kernel, also where every kernel value underflows.",
 )
 
 
@@ -106,6 +206,21 @@ def _seed_head_cases() -> list[Case]:
     W1 = HEAD_PROJECTIONS[0]
     cases = [(CAT_EATS_FISH, W1, W1, W1), (x, w_q, w_k, torch.randn(6, 3, generator=g))]
     return [Case(f"fn(x {tuple(c[0].shape)}, w_q {tuple(c[1].shape)}, ...)", c) for c in cases]
+
+
+def _head_by_library(
+    x: Tensor, w_q: Tensor, w_k: Tensor, w_v: Tensor
+) -> Tensor | tuple[Tensor, Tensor]:
+    return mha.scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v)
+
+
+def _head_by_private_helper(
+    x: Tensor, w_q: Tensor, w_k: Tensor, w_v: Tensor
+) -> Tensor | tuple[Tensor, Tensor]:
+    """mha.attention's private helper, reached around the public name."""
+    from mha.attention import _attention
+
+    return _attention(x @ w_q, x @ w_k, x @ w_v, None, 0.0, False, w_q.shape[1] ** -0.5)
 
 
 _SEED = "Still the seed's scores @ v: add the 1/sqrt(d_k) scale and the softmax."
@@ -138,11 +253,14 @@ SEED_HEAD_FIX = Exercise(
             lambda x, w_q, w_k, w_v: F.scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v),
             _NO_READY_MADE_HEAD,
         ),
+        (_head_by_library, _NO_READY_MADE_HEAD),
+        (_head_by_private_helper, _NO_READY_MADE_HEAD),
     ),
     hint="Expected softmax(q @ k.T / sqrt(d_k), dim=-1) @ v, q, k, v = x @ w_q, x @ w_k, x @ w_v.",
     crash_hint="q, k and v are x @ w_q, x @ w_k and x @ w_v; the scores are q @ k.T.",
-    forbidden=NO_SDPA,
+    forbidden=READY_MADE_ATTENTION,
     forbidden_hint=_NO_READY_MADE_HEAD,
+    rewrites=(mha.scaled_dot_product_attention, F.scaled_dot_product_attention),
     doc="Check ``fn(x (L, E), w_q (E, D), w_k (E, D), w_v (E, Dv)) -> out (L, Dv)``, one head.",
 )
 
@@ -225,6 +343,7 @@ PERMUTED_OUTPUTS = Exercise(
     hint="Self-attention without positions is permutation-equivariant: "
     "attention(x[perm]) = attention(x)[perm].",
     crash_hint="Index the rows of out with perm.",
+    rewrites=(),  # indexing: neither mha nor torch has a function that predicts the reordering
     doc="Check ``fn(out (L, E), perm (L,)) -> (L, E)``: the output of torch's "
     "``nn.MultiheadAttention`` (no positions) for ``x[perm]``, predicted from its output for x.",
 )

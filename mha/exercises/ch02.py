@@ -4,33 +4,34 @@ tolerances follow the dtype and the logits' magnitude."""
 from __future__ import annotations
 
 import importlib
-import inspect
 import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 import mha
 
 from ._harness import (
-    NO_SDPA,
     Case,
     Exercise,
     ExerciseError,
     as_shape,
     attend,
+    defined_in,
     never_larger,
     publish,
     randn64,
     tr,
 )
+from .ch01 import READY_MADE_ATTENTION
 
 linear_attention_module = importlib.import_module("mha.linear_attention")
 
@@ -91,6 +92,16 @@ def _in_float64(x: Tensor, dim: int = -1) -> Tensor:
     return (e / e.sum(dim, keepdim=True)).to(x.dtype)
 
 
+def _softmax_by_private_helper(x: Tensor, dim: int = -1) -> Tensor:
+    """The weights of mha.attention's private helper for one query whose scores are ``x``."""
+    from mha.attention import _attention  # reached around the public name
+
+    s = x.movedim(dim, -1)[..., None]  # (..., S, 1): one key per logit
+    one = s.new_ones(*s.shape[:-2], 1, 1)  # (..., 1, 1): one query, score = the logit
+    weights = _attention(one, s, s, None, 0.0, False, 1.0, return_weights=True)[1]
+    return weights[..., 0, :].movedim(-1, dim)
+
+
 SOFTMAX = Exercise(
     "check_softmax",
     "stable for large logits, right axis, float16 included",
@@ -114,6 +125,7 @@ SOFTMAX = Exercise(
         (lambda x, dim=-1: F.log_softmax(x, dim).exp(), _NO_SOFTMAX),
         (lambda x, dim=-1: torch.nn.Softmax(dim)(x), _NO_SOFTMAX),
         (lambda x, dim=-1: mha.softmax(x, dim), _NO_SOFTMAX),
+        (_softmax_by_private_helper, _NO_SOFTMAX),
     ),
     hint="Each slice along `dim` must be exp(x - max) divided by its own sum.",
     crash_hint=_AXIS,
@@ -121,53 +133,62 @@ SOFTMAX = Exercise(
     forbidden=(
         *(getattr(m, n) for m in (torch, torch.special, F, Tensor) for n in _SOFTMAXES),
         torch._softmax,
-        mha.softmax,
+        *READY_MADE_ATTENTION,  # mha.softmax and every attention, which computes a softmax
     ),
     forbidden_hint=_NO_SOFTMAX,
+    rewrites=(torch.softmax, mha.softmax),
     params=("my_softmax",),
     doc="Check a hand-written, numerically stable ``my_softmax(x, dim=-1)`` (no torch.softmax) "
     "against ``torch.softmax``: small and large logits, a middle axis, float16.",
 )
 
 
+@cache
 def _variances() -> tuple[float, float]:
-    """Var(q·k) and Var(q·k / √64), measured on 100,000 pairs of standard normal vectors."""
+    """Var(q·k / √512) for q, k of d_k = 64 standard normal entries, and Var(q'·k' / √64) for
+    q' = 2q, k' = 2k (entries of standard deviation 2), measured on the same 100,000 pairs."""
     g = torch.Generator().manual_seed(64)
-    dots = (torch.randn(100_000, 64, generator=g) * torch.randn(100_000, 64, generator=g)).sum(-1)
-    return dots.var().item(), (dots / math.sqrt(64)).var().item()
+    q, k = torch.randn(100_000, 64, generator=g), torch.randn(100_000, 64, generator=g)  # (N, D)
+    by_width = ((q * k).sum(-1) / math.sqrt(512)).var().item()
+    std_two = ((2 * q * 2 * k).sum(-1) / math.sqrt(64)).var().item()
+    return by_width, std_two
 
 
 def _as_numbers(answer: tuple[object, object]) -> tuple[float, float]:
-    for name, value in zip(("unscaled", "scaled"), answer):
+    for name, value in zip(("by_width", "std_two"), answer):
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             message = tr("{name} should be a number, got {value!r}.", name=name, value=value)
             raise ExerciseError(message)
     return float(answer[0]), float(answer[1])  # type: ignore[arg-type]  # checked above
 
 
-_SCALED = "dividing a variable by c divides its variance by c², here by d_k."
+_BY_WIDTH_SQUARE = "√8 shrinks the scores, the standard deviation; the variance shrinks by 8."
+_STD_TWO_PRODUCT = "each product q_i·k_i has variance 2²·2² = 16, not 4: both factors are scaled."
 QK_VARIANCE_PREDICTION = Exercise(
     "check_qk_variance_prediction",
-    lambda want: tr("measured {0:.1f} unscaled and {1:.2f} scaled", *want),
+    lambda want: tr("measured {0:.3f} scaled by √512 and {1:.1f} with entries of std 2", *want),
     _variances,
     prediction=True,
-    variants=(lambda t: (64, 1), lambda t: (np.float64(64), 1.0), lambda t: t),
+    variants=(lambda t: (1 / 8, 16), lambda t: (np.float64(64 / 512), 16.0), lambda t: t),
     mistakes=(
-        (lambda t: (math.sqrt(t[0]), t[1]), "that is the standard deviation √d_k; square it."),
-        (lambda t: (1.0, t[1]), "the variances of the 64 independent products add up."),
-        (lambda t: (t[0], 1 / math.sqrt(64)), _SCALED),
-        (lambda t: (t[0], math.sqrt(64)), _SCALED),
+        (lambda t: (1.0, t[1]), "the scale fits d_k = 64, not the width E = 512: Var = 64 / 512."),
+        (lambda t: (1 / math.sqrt(8), t[1]), _BY_WIDTH_SQUARE),
+        (lambda t: (64 / math.sqrt(512), t[1]), "Var(x / c) = Var(x) / c²: divide 64 by 512."),
+        (lambda t: (t[0], 1.0), "1/√d_k undoes the growth with D, not the entries' size (2·2)²."),
+        (lambda t: (t[0], 4.0), _STD_TWO_PRODUCT),
+        (lambda t: (t[0], 1024.0), "Var(q·k) = 64·16 = 1024; the scale 1/√64 divides it by 64."),
     ),
     hint={
-        "unscaled": "q·k is a sum of d_k independent products q_i·k_i, each of variance 1.",
-        "scaled": "Var(x / c) = Var(x) / c²; with c = √d_k that undoes the growth exactly.",
+        "by_width": "Var(q·k) = d_k = 64, and dividing by √512 divides the variance by 512.",
+        "std_two": "Var(q_i·k_i) = Var(q_i)·Var(k_i); d_k of them add up, then divide by d_k.",
     },
     atol=0.0,
     rtol=0.1,
-    outputs=("unscaled", "scaled"),
+    outputs=("by_width", "std_two"),
     convert=_as_numbers,
-    doc="Check predicted variances of q·k and q·k/√64 for standard normal q, k (d_k = 64), within "
-    "10% of the variances measured on 100,000 random pairs.",
+    doc="Check predicted variances, for q and k of d_k = 64 independent entries: of q·k/√512 (the "
+    "model width's scale, standard normal entries) and of q·k/√64 for entries of standard deviation "
+    "2; within 10% of the variances measured on 100,000 random pairs.",
 )
 
 
@@ -224,6 +245,15 @@ _NO_SDPA = (
     "build attention from matmul and softmax yourself, without calling a ready-made "
     "scaled_dot_product_attention."
 )
+
+
+def _sdpa_by_private_helper(q: Tensor, k: Tensor, v: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+    """mha.attention's private helper, which skips the argument checks."""
+    from mha.attention import _attention  # reached around the public name
+
+    return _attention(q, k, v, None, 0.0, False, q.shape[-1] ** -0.5)
+
+
 SDPA = Exercise(
     "check_sdpa",
     "matches torch's scaled_dot_product_attention for 2-D, 3-D and 4-D inputs",
@@ -250,11 +280,13 @@ SDPA = Exercise(
         (F.scaled_dot_product_attention, _NO_SDPA),
         (lambda q, k, v: mha.scaled_dot_product_attention(q, k, v), _NO_SDPA),
         (lambda q, k, v: mha.flash_attention(q, k, v), _NO_SDPA),
+        (_sdpa_by_private_helper, _NO_SDPA),
     ),
     hint="out must equal softmax(q @ kᵀ / √D, dim=-1) @ v.",
     crash_hint=_TRANSPOSE,
-    forbidden=NO_SDPA,
+    forbidden=READY_MADE_ATTENTION,
     forbidden_hint=_NO_SDPA,
+    rewrites=(mha.scaled_dot_product_attention, F.scaled_dot_product_attention),
     params=("my_attention",),
     doc="Check a hand-written ``my_attention(q, k, v)`` = softmax(q kᵀ / √D) v against "
     "``F.scaled_dot_product_attention`` (which it must not call): 2-D to 4-D, L ≠ S, D ≠ Dv.",
@@ -268,11 +300,35 @@ class ScoreMatrix(Exception):
     """An answer made a tensor as large as the (L, L) weights."""
 
 
+class QuadraticWork(Exception):
+    """An answer made, in all its tensors together, as many elements as the quadratic form."""
+
+
 @dataclass(frozen=True)
 class _Guarded(Case):
-    """A case run under the guard: no tensor of ``limit`` elements or more."""
+    """A case run under the guards: no tensor of ``limit`` elements or more and, if ``budget``
+    is set, fewer than ``budget`` elements made in all."""
 
     limit: int = 0
+    budget: int = 0
+
+
+class _Work(TorchFunctionMode):
+    """Adds up the elements of every tensor the torch functions called inside return (views and
+    slices too: a slice of i keys is i keys' worth of work)."""
+
+    def __init__(self, budget: int) -> None:
+        super().__init__()
+        self.budget, self.total = budget, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, Tensor):
+                self.total += t.numel()
+        if self.budget and self.total >= self.budget:
+            raise QuadraticWork  # stop early; checked again on the way out
+        return out
 
 
 def _phi(x: Tensor) -> Tensor:
@@ -342,9 +398,25 @@ def _linear_by_chunks(q: Tensor, k: Tensor, v: Tensor, chunk: int = 16) -> Tenso
     return torch.cat(outs, -2)  # (..., L, Dv)
 
 
+def _linear_row_by_row(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The quadratic form one query at a time: no (L, L) tensor, but L²/2 similarities."""
+    fq, fk = _phi(q), _phi(k)  # (..., L, D)
+    rows = []
+    for i in range(q.shape[-2]):
+        sim = fq[..., i : i + 1, :] @ fk[..., : i + 1, :].mT  # (..., 1, i + 1): keys 0..i
+        rows.append(sim / sim.sum(-1, keepdim=True) @ v[..., : i + 1, :])  # (..., 1, Dv)
+    return torch.cat(rows, -2)  # (..., L, Dv)
+
+
+#: The long case: L = 1024 with D = Dv = 2, where running sums make about 60·L elements in all
+#: and any form that meets every earlier key makes more than L²/2.
+_LONG = 1024
+
+
 def _causal_linear_cases() -> list[Case]:
     """Float64 inputs small enough in B·H·D·Dv that the prefix sums (..., L, D, Dv) stay under
-    one (L, L) matrix, so the guard catches only the weights."""
+    one (L, L) matrix, so the guard catches only the weights; then one long sequence whose
+    elements are counted, so that a row-by-row quadratic form is caught too."""
     g = torch.Generator().manual_seed(24)
     specs = (((64,), 4, 3), ((2, 64), 4, 3), ((1, 2, 96), 4, 5), ((3, 80), 5, 4))
     cases: list[Case] = []
@@ -354,26 +426,54 @@ def _causal_linear_cases() -> list[Case]:
         shape = (*batch, L, D)
         label = f"my_causal_linear(q, k, v) with q {shape}, Dv = {Dv}"
         cases.append(_Guarded(label, (q, k, v), limit=L * L))
-    return cases
+    q, k, v = (randn64(g, _LONG, 2) for _ in range(3))
+    label = f"my_causal_linear(q, k, v) with q {(_LONG, 2)}, Dv = 2"
+    return [*cases, _Guarded(label, (q, k, v), limit=_LONG**2, budget=_LONG**2 // 4)]
 
 
 def _call_guarded(answer: Callable[..., Any], case: Case) -> Any:
-    """The answer's output on ``case``, made with no tensor of L·L elements or more."""
+    """The answer's output on ``case``, made with no tensor of L·L elements or more and, on the
+    long case, with fewer than its ``budget`` elements in all."""
     args = [a.clone() if isinstance(a, Tensor) else a for a in case.args]
     seen: list[tuple[int, ...]] = []
+    work = _Work(getattr(case, "budget", 0))
+    out = None
     try:
-        with never_larger(getattr(case, "limit", 0) or 1, "{shape}") as seen:
-            return answer(*args, **case.kwargs)
+        with never_larger(getattr(case, "limit", 0) or 1, "{shape}") as seen, work:
+            out = answer(*args, **case.kwargs)
     except ExerciseError:
         if not seen:  # a banned call: watch's own error
             raise
         message = "it made a tensor of L·L elements or more, as large as the (L, L) weights"
         raise ScoreMatrix(tr(message)) from None
+    except QuadraticWork:
+        pass  # reported below
+    if work.budget and work.total >= work.budget:  # also when the answer caught the exception
+        message = (
+            "its tensors added up to L²/4 = {budget} elements or more at L = {L}: quadratic work, "
+            "as if each query met every key before it"
+        )
+        raise QuadraticWork(tr(message, budget=work.budget, L=_LONG))
+    return out
+
+
+def _linear_by_private_phi(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Running sums, φ taken from mha.linear_attention's private _phi."""
+    from mha.linear_attention import _phi as library_phi  # reached around the public names
+
+    fq, fk = library_phi(q), library_phi(k)  # (..., L, D)
+    kv = (fk[..., :, None] * v[..., None, :]).cumsum(-3)  # (..., L, D, Dv)
+    return (fq[..., :, None] * kv).sum(-2) / (fq * fk.cumsum(-2)).sum(-1, keepdim=True)
 
 
 _NO_LINEAR_LIBRARY = (
     "write causal linear attention yourself, with no function of mha.linear_attention "
     "(linear_attention, linear_attention_weights, elu_feature_map and their helpers)."
+)
+_ROW_BY_ROW = (
+    "Each query still meets every key before it, one row at a time: L²/2 similarities, the work "
+    "of the quadratic form. Carry running sums of φ(k_j) v_jᵀ and φ(k_j) instead (a cumsum, or "
+    "a state updated once per position)."
 )
 _QUADRATIC_FORM = (
     "Make no (L, L) matrix: that is the quadratic form, which costs what softmax attention "
@@ -395,12 +495,15 @@ _NORMALISE = "Divide by φ(q_i)·Σ_{j <= i} φ(k_j), so that each query's weigh
 _FEATURES = "Apply the feature map first: φ(x) = elu(x) + 1 keeps every similarity positive."
 CAUSAL_LINEAR_ATTENTION = Exercise(
     "check_causal_linear_attention",
-    "equals the masked quadratic form (float64, 1 to 3 batch dims), with no tensor of L·L elements",
+    "equals the masked quadratic form (float64, 1 to 3 batch dims), with no tensor of L·L "
+    "elements; at L = 1024, fewer than L²/4 elements made in all: linear work, not the quadratic "
+    "form row by row",
     _causal_linear_quadratic,
     _causal_linear_cases,
     variants=(_linear_slip, _linear_by_loop, _linear_by_chunks),
     mistakes=(
         (_masked_quadratic, _QUADRATIC_FORM),
+        (_linear_row_by_row, _ROW_BY_ROW),
         (partial(_linear_slip, all_keys=True, global_z=True), _CAUSAL),
         (partial(_linear_slip, global_z=True), _CAUSAL_Z),
         (partial(_linear_slip, exclusive=True), _INCLUSIVE),
@@ -408,22 +511,21 @@ CAUSAL_LINEAR_ATTENTION = Exercise(
         (partial(_linear_slip, no_phi=True), _FEATURES),
         (lambda q, k, v: mha.linear_attention(q, k, v), _NO_LINEAR_LIBRARY),
         (lambda q, k, v: mha.linear_attention_weights(q, k).tril() @ v, _NO_LINEAR_LIBRARY),
+        (_linear_by_private_phi, _NO_LINEAR_LIBRARY),
     ),
     hint="out_i = φ(q_i)ᵀ (Σ_{j <= i} φ(k_j) v_jᵀ) / φ(q_i)ᵀ Σ_{j <= i} φ(k_j), φ(x) = elu(x) + 1.",
     crash_hint="q, k: (..., L, D), v: (..., L, Dv); the running sums are (..., L, D, Dv) and (..., L, D).",
     atol=1e-10,
     rtol=1e-8,
     call=_call_guarded,
-    forbidden=tuple(
-        f
-        for f in vars(linear_attention_module).values()
-        if inspect.isfunction(f) and f.__module__ == linear_attention_module.__name__
-    ),
+    forbidden=tuple(defined_in(linear_attention_module)),
     forbidden_hint=_NO_LINEAR_LIBRARY,
+    rewrites=(mha.linear_attention,),
     params=("my_causal_linear",),
     doc="Check a causal linear attention ``my_causal_linear(q, k, v)`` (φ = elu + 1) written with "
     "running sums against the masked quadratic form, under a guard against any tensor of L·L "
-    "elements; no function of ``mha.linear_attention``.",
+    "elements and, at L = 1024, a count of every element it makes (under L²/4: linear work); no "
+    "function of ``mha.linear_attention``.",
 )
 
 

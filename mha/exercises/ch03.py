@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from functools import partial
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import block as _block_module
+from .. import multihead as _multihead_module
 from ..block import TransformerBlock
 from ..multihead import MultiHeadAttention
 from ._harness import (
@@ -21,10 +23,46 @@ from ._harness import (
     as_int,
     as_mapping,
     as_shape,
+    defined_in,
     publish,
     randn64,
     tr,
 )
+
+#: Everything mha/multihead.py defines (the layer, its private split and merge, the caches): the
+#: split, the merge and the whole layer are what chapter 3's learner writes.
+_MULTIHEAD: tuple[Callable[..., Any], ...] = tuple(defined_in(_multihead_module))
+_NO_LAYER_CODE = (
+    "split and merge the heads yourself, with view/reshape and transpose, without "
+    "mha.MultiHeadAttention's own code."
+)
+
+
+def _split_by_library(x: Tensor, H: int) -> Tensor:
+    """The layer's private ``_project`` (projections replaced by the identity), which splits."""
+    same = nn.Identity()
+    layer = SimpleNamespace(
+        num_heads=H,
+        num_kv_heads=H,
+        head_dim=x.shape[-1] // H,
+        q_proj=same,
+        k_proj=same,
+        v_proj=same,
+    )
+    return MultiHeadAttention._project(layer, x, x.clone(), x.clone())[0]  # type: ignore[arg-type]
+
+
+def _merge_by_library(x: Tensor, out_proj: Any = None) -> Tensor:
+    """The layer's private ``_merge`` (with ``out_proj`` the identity unless given)."""
+    layer = SimpleNamespace(out_proj=out_proj or nn.Identity(), _report=lambda **steps: None)
+    return MultiHeadAttention._merge(layer, x)  # type: ignore[arg-type]
+
+
+def _merge_by_module_helper(x: Tensor) -> Tensor:
+    """The right merge, after a private helper of mha/multihead.py reached around the ban."""
+    keep = _multihead_module._and_mask(None, torch.ones(1, dtype=torch.bool))
+    return torch.cat(x.unbind(1), dim=-1) * keep
+
 
 # Split (B, N, H·D) -> (B, H, N, D) and merge back: right (by slicing, so that it cannot share a
 # layout mistake with the learner's view) and the usual wrong ways.
@@ -78,11 +116,16 @@ SPLIT_HEADS = Exercise(
         (lambda x, H: x.reshape(x.shape[0] * H, -1, x.shape[-1] // H), _WRONG_SPLIT),
         (lambda x, H: x.unflatten(-1, (H, -1)), _NOT_IN_FRONT),
         (_SPLITS["interleaved"], _INTERLEAVED),
+        (_split_by_library, _NO_LAYER_CODE),
     ),
     hint="Head h of token i must be x[b, i, h·D:(h+1)·D].",
     crash_hint="x.view(B, L, H, D).transpose(1, 2) works for any B and L.",
     atol=0.0,
     rtol=0.0,
+    forbidden=_MULTIHEAD,
+    forbidden_hint=_NO_LAYER_CODE,
+    # the layer splits its heads in its private _project: mha has no public split
+    rewrites=(MultiHeadAttention._project,),
     params=("split_heads",),
     doc="Check ``split_heads(x, num_heads)``: (B, L, E) -> (B, H, L, D), head h = features "
     "h·D..(h+1)·D-1 of every token, as in ``nn.MultiheadAttention``.",
@@ -111,11 +154,17 @@ MERGE_HEADS = Exercise(
         (lambda x: x.transpose(1, 2).view(x.shape[0], x.shape[2], -1), _VIEW),
         (_MERGES["interleaved"], "Concatenate whole heads, not feature by feature."),
         (lambda x: x.flatten(1, 2), "Concatenate the heads along the features, not tokens."),
+        (_merge_by_library, _NO_LAYER_CODE),
+        (_merge_by_module_helper, _NO_LAYER_CODE),
     ),
     hint="Row i of the result must be torch.cat([x[b, 0, i], x[b, 1, i], ...]).",
     crash_hint="x.transpose(1, 2).reshape(B, L, H·D) works for any B, H, L, D.",
     atol=0.0,
     rtol=0.0,
+    forbidden=_MULTIHEAD,
+    forbidden_hint=_NO_LAYER_CODE,
+    # the layer merges its heads (and applies W_O) in its private _merge: no public merge
+    rewrites=(MultiHeadAttention._merge,),
     params=("merge_heads",),
     doc="Check ``merge_heads(x)``: (B, H, L, D) -> (B, L, H·D), row i = [head 0 of token i | "
     "head 1 of token i | ...].",
@@ -170,7 +219,18 @@ _MHA_HINT = (
     "Check each step: project, split (view(B, N, H, D).transpose(1, 2)), softmax(q @ kᵀ / √D) "
     "over the keys, weights @ v, merge (transpose(1, 2).reshape(B, L, E)), out_proj."
 )
-_NO_TORCH_MHA = (F.multi_head_attention_forward, MultiHeadAttention.forward)
+#: torch's layer, and all of mha's layer code and the block that contains the layer.
+_NO_TORCH_MHA: tuple[Callable[..., Any], ...] = (
+    F.multi_head_attention_forward,
+    nn.MultiheadAttention.forward,
+    *_MULTIHEAD,
+    *defined_in(_block_module),
+)
+_MHA_REWRITES: tuple[Callable[..., Any], ...] = (
+    F.multi_head_attention_forward,
+    nn.MultiheadAttention.forward,
+    MultiHeadAttention.forward,
+)
 _NO_TORCH_MHA_HINT = "write it yourself, without nn.MultiheadAttention or mha.MultiHeadAttention."
 
 
@@ -200,6 +260,17 @@ def _course_module(query: Tensor, key: Tensor, value: Tensor, *args: Any) -> Ten
             query.shape[-1], args[-1], kdim=key.shape[-1], vdim=value.shape[-1]
         )
     return module(query, key, value)[0]
+
+
+def _by_private_merge(query: Tensor, key: Tensor, value: Tensor, *args: Any) -> Tensor:
+    """The heads by hand, then merged by the layer's private ``_merge`` around the ban."""
+    *projs, H = args
+    B, L, E = query.shape
+    q, k, v = (
+        p(t).view(B, -1, H, E // H).transpose(1, 2) for p, t in zip(projs, (query, key, value))
+    )
+    heads = torch.softmax(q @ k.mT / (E // H) ** 0.5, dim=-1) @ v  # (B, H, L, D)
+    return _merge_by_library(heads, projs[3])
 
 
 def _linear(g: torch.Generator, fan_in: int, fan_out: int) -> nn.Linear:
@@ -239,6 +310,7 @@ MULTI_HEAD_FORWARD = Exercise(
         *((partial(_mha_variant, **slip), hint) for slip, hint in _MHA_MISTAKES),
         (_torch_layer, _NO_TORCH_MHA_HINT),
         (_course_module, _NO_TORCH_MHA_HINT),
+        (_by_private_merge, _NO_TORCH_MHA_HINT),
     ),
     hint=_MHA_HINT,
     crash_hint="Name the shapes at every step: (B, L, E) -> (B, H, L, D) -> (B, H, L, S) -> "
@@ -247,6 +319,7 @@ MULTI_HEAD_FORWARD = Exercise(
     rtol=1e-4,
     forbidden=_NO_TORCH_MHA,
     forbidden_hint=_NO_TORCH_MHA_HINT,
+    rewrites=_MHA_REWRITES,
     params=("multi_head_forward",),
     doc="Check ``multi_head_forward(query, key, value, q_proj, k_proj, v_proj, out_proj, "
     "num_heads) -> (B, L, E)`` against torch's ``nn.MultiheadAttention`` with those weights, on "
@@ -337,6 +410,7 @@ SEED_MHA_FIX = Exercise(
     mistakes=(
         *((_post_class(**slip), hint) for slip, hint in _MHA_MISTAKES),
         (_post_class(shortcut=_torch_layer), _NO_TORCH_MHA_HINT),
+        (_post_class(shortcut=_by_private_merge), _NO_TORCH_MHA_HINT),
     ),
     hint=_MHA_HINT,
     crash_hint="Split with view(B, N, H, D).transpose(1, 2), merge with transpose(1, 2).reshape.",
@@ -345,6 +419,7 @@ SEED_MHA_FIX = Exercise(
     call=_run_post_class,
     forbidden=_NO_TORCH_MHA,
     forbidden_hint=_NO_TORCH_MHA_HINT,
+    rewrites=_MHA_REWRITES,
     params=("cls",),
     doc="Check a repaired version of the post's class ``MultiHeadAttention(d_model, num_heads)`` "
     "(layers ``query_fc``, ``key_fc``, ``value_fc``, ``fc``; ``forward(query, key, value)``) "
@@ -500,10 +575,6 @@ def _block_cases() -> list[Case]:
     return cases
 
 
-#: Every function of mha/block.py: the methods of its one class.
-_BLOCK_FUNCTIONS = [
-    f.__func__ if isinstance(f, classmethod) else f for f in vars(TransformerBlock).values()
-]
 _NO_BLOCK = (
     "write the block's forward yourself: do not call the block (TransformerBlock.forward), its "
     "norms (block.norm1(x), nn.LayerNorm) or F.layer_norm; compute LayerNorm from its formula."
@@ -555,13 +626,14 @@ PRE_NORM_BLOCK = Exercise(
     atol=1e-10,
     rtol=1e-8,
     forbidden=(
-        *(f for f in _BLOCK_FUNCTIONS if inspect.isfunction(f)),
+        *defined_in(_block_module),  # every function of mha/block.py (it has no private one)
         nn.LayerNorm.forward,
         F.layer_norm,
         torch.layer_norm,
         torch.native_layer_norm,
     ),
     forbidden_hint=_NO_BLOCK,
+    rewrites=(TransformerBlock.forward, F.layer_norm),
     params=("my_block",),
     doc="Check ``my_block(block, x, is_causal=False)``, the pre-norm forward of a "
     "``mha.TransformerBlock`` written from its parts (``block.attn``, ``block.mlp``) with LayerNorm "

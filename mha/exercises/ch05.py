@@ -3,8 +3,10 @@ prediction is checked against the kernel torch really picks (:mod:`mha.hardware`
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, partial
@@ -17,7 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import mha
 
-from .. import flash
+from .. import decoding, flash, kv_quant, multihead, paged
 from ..lab.hardware import sdpa_backends
 from ._harness import (
     Case,
@@ -85,7 +87,10 @@ def _online_cases() -> list[Case]:
 
 _ONCE = "acc is the *unnormalised* sum; divide by l once, after the last tile."
 _GUARD = "exp(-inf - (-inf)) is NaN: where m_new is -inf subtract 0 (torch.where(torch.isneginf(m_new), 0, m_new))."
-_NO_LIBRARY = "write the update yourself, without mha.online_softmax_update."
+_NO_LIBRARY = (
+    "write the update yourself, without mha.online_softmax_update or any other function of "
+    "mha.flash."
+)
 
 
 def _update_out_of_place(m: Tensor, l: Tensor, acc: Tensor, scores: Tensor, value: Tensor):
@@ -93,6 +98,17 @@ def _update_out_of_place(m: Tensor, l: Tensor, acc: Tensor, scores: Tensor, valu
     safe = m_new.nan_to_num(neginf=0.0)  # 0 where no key was visible yet
     p, alpha = (scores - safe).exp(), (m - safe).exp()
     return m_new, alpha * l + p.sum(-1, keepdim=True), alpha * acc + p @ value
+
+
+def _update_by_private_helper(m: Tensor, l: Tensor, acc: Tensor, scores: Tensor, value: Tensor):
+    """The tile folded into a fresh state from mha.flash's private _empty_state by the library's
+    update, then merged into the old one: the library reached around its public name."""
+    fresh = flash._empty_state(scores, value.shape[-1])  # (..., R, 1), (..., R, 1), (..., R, Dv)
+    m_t, l_t, acc_t = flash.online_softmax_update(*fresh, scores, value)
+    m_new = torch.maximum(m, m_t)
+    safe = m_new.nan_to_num(neginf=0.0)
+    a, b = (m - safe).exp(), (m_t - safe).exp()
+    return m_new, a * l + b * l_t, a * acc + b * acc_t
 
 
 def _update_by_where(m: Tensor, l: Tensor, acc: Tensor, scores: Tensor, value: Tensor):
@@ -121,10 +137,12 @@ ONLINE_SOFTMAX_UPDATE = Exercise(
         (partial(_update, tile_max=True), _HINT_M),
         (mha.online_softmax_update, _NO_LIBRARY),
         (lambda *args: flash.online_softmax_update(*args), _NO_LIBRARY),
+        (_update_by_private_helper, _NO_LIBRARY),
     ),
     hint={"m": _HINT_M, "l": _HINT_L_RESCALE, "acc": _HINT_ACC_RESCALE},
     outputs=("m", "l", "acc"),
-    forbidden=(mha.online_softmax_update,),
+    forbidden=tuple(defined_in(flash)),
+    rewrites=(flash.online_softmax_update,),
     forbidden_hint=_NO_LIBRARY,
     params=("update",),
     doc="Check ``update(m, l, acc, scores, value) -> (m, l, acc)``, one tile of online softmax "
@@ -142,6 +160,8 @@ def _step(q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Ten
     """One decoding step: right without ``slip``, or with one of the usual slips."""
     k = torch.cat([k_cache, k_new], dim=-2)  # (B, H, S, D)
     v = torch.cat([v_cache, v_new], dim=-2)  # (B, H, S, D)
+    if slip.get("order") == "new first":
+        k, v = torch.cat([k_new, k_cache], dim=-2), torch.cat([v_new, v_cache], dim=-2)
     k_seen, v_seen = (k_new, v_new) if slip.get("keys") == "new" else (k, v)
     T, S = q.shape[-2], k_seen.shape[-2]
     ones = torch.ones(T, S, dtype=torch.bool)  # (T, S)
@@ -172,23 +192,94 @@ _WHOLE = "Attend over the whole cache (old and new tokens), after appending."
 _CHUNK = f"A chunk's queries must not see later new tokens: {_BOTTOM_RIGHT}."
 
 
-def _module_step(q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor):
-    """Through mha.KVCache and mha.scaled_dot_product_attention."""
-    kv = mha.KVCache()
-    if k_cache.shape[-2]:
-        kv.update(k_cache, v_cache)
-    k, v = kv.update(k_new, v_new)
-    keep = mha.causal_mask_bottom_right(q.shape[-2], k.shape[-2])
-    return mha.scaled_dot_product_attention(q, k, v, keep), k, v
+class NotAppended(Exception):
+    """A returned cache is not the old one with the new tokens after it."""
+
+
+def _step_run(answer: Callable[..., Any], case: Case) -> Any:
+    """The answer's ``(out, k_cache, v_cache)`` on ``case``; raises :class:`NotAppended` when a
+    returned cache of the right shape does not hold the old cache, unchanged, then the new tokens."""
+    got = answer(*(t.clone() for t in case.args))
+    if not (isinstance(got, tuple) and len(got) == 3):
+        return got
+    _, k_new, v_new, k_cache, v_cache = case.args
+    S_old = k_cache.shape[-2]
+    for name, grown, old, new in (
+        ("k_cache", got[1], k_cache, k_new),
+        ("v_cache", got[2], v_cache, v_new),
+    ):
+        right_shape = isinstance(grown, Tensor) and grown.shape == torch.cat([old, new], -2).shape
+        if right_shape and not (
+            torch.equal(grown[..., :S_old, :], old) and torch.equal(grown[..., S_old:, :], new)
+        ):
+            message = "{name} is not the old cache, unchanged, with this step's tokens after it"
+            raise NotAppended(tr(message, name=name))
+    return got
+
+
+_EMPTY_CACHE = multihead.KVCache()  # made on import; the mistake below starts from a copy of it
+
+
+def _step_by_library(q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor):
+    """mha.KVCache's own update and attend (bottom-right causal)."""
+    cache = copy.copy(_EMPTY_CACHE)
+    cache.update(k_cache, v_cache)
+    out, _ = cache.attend(q, k_new, v_new, is_causal=True)
+    return out, cache.key, cache.value
+
+
+def _step_by_private_helper(
+    q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor
+):
+    """Checked by mha.multihead's private _check_cache_step, then right: around the public name."""
+    multihead._check_cache_step(q, k_new, v_new)
+    return _step(q, k_new, v_new, k_cache, v_cache)
+
+
+def _step_by_hand(q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor):
+    """A buffer filled by slices, attention written out, the mask from positions."""
+    S_old, T = k_cache.shape[-2], k_new.shape[-2]
+    k = k_new.new_empty(*k_new.shape[:-2], S_old + T, k_new.shape[-1])  # (B, H, S, D)
+    v = v_new.new_empty(*v_new.shape[:-2], S_old + T, v_new.shape[-1])  # (B, H, S, D)
+    k[..., :S_old, :], k[..., S_old:, :] = k_cache, k_new
+    v[..., :S_old, :], v[..., S_old:, :] = v_cache, v_new
+    position = torch.arange(S_old, S_old + T)[:, None]  # (T, 1) where each new query sits
+    scores = torch.einsum("bhtd,bhsd->bhts", q, k) / math.sqrt(q.shape[-1])  # (B, H, T, S)
+    scores = torch.where(torch.arange(S_old + T) <= position, scores, -math.inf)
+    return torch.einsum("bhts,bhsd->bhtd", scores.softmax(-1), v), k, v
+
+
+def _cache_methods(cls: type) -> list[Callable[..., Any]]:
+    """Every method ``cls`` itself defines (its module's functions whose qualname it heads)."""
+    module = sys.modules[cls.__module__]
+    return [f for f in defined_in(module) if f.__qualname__.split(".")[0] == cls.__name__]
+
+
+#: A cache step is what mha's caches do: every function of mha.multihead (KVCache, and
+#: MultiHeadAttention, whose forward runs a cache) and the methods of the other caches.
+_CACHE_BANNED = (
+    *defined_in(multihead),
+    *_cache_methods(decoding.PreallocatedKVCache),
+    *_cache_methods(kv_quant.QuantizedKVCache),
+    *_cache_methods(paged.PagedKVCache),
+)
+_NO_CACHE = (
+    "keep the cache yourself: no mha cache (KVCache, PreallocatedKVCache ...) and no function "
+    "of mha.multihead (MultiHeadAttention with kv_cache= ...)."
+)
+_ORDER = (
+    "Append: the old tokens first, this step's after them, torch.cat([k_cache, k_new], dim=-2)."
+)
 
 
 KV_CACHE_STEP = Exercise(
     "check_kv_cache_step",
-    "9 tokens decoded in steps of [4, 1, 1, 1, 2] equal one causal pass over the sequence",
+    "9 tokens decoded in steps of [4, 1, 1, 1, 2] equal one causal pass over the sequence; each "
+    "step returned the old cache unchanged with its own keys and values after it",
     _step,
     _kv_cases,
     variants=(
-        _module_step,
+        _step_by_hand,
         lambda q, k_new, v_new, k_cache, v_cache: (
             F.scaled_dot_product_attention(
                 q,
@@ -207,6 +298,9 @@ KV_CACHE_STEP = Exercise(
         (partial(_step, keys="new", mask="top-left"), _WHOLE),
         (partial(_step, mask="top-left"), _HINT_TOP_LEFT),
         (partial(_step, mask="none"), _CHUNK),
+        (partial(_step, order="new first"), _ORDER),
+        (_step_by_library, _NO_CACHE),
+        (_step_by_private_helper, _NO_CACHE),
     ),
     hint={
         "out": f"Attend to the whole cache after appending, with {_BOTTOM_RIGHT}.",
@@ -214,10 +308,17 @@ KV_CACHE_STEP = Exercise(
             ("k_cache", "v_cache"), "Return every token so far: torch.cat(..., dim=-2)."
         ),
     },
+    crash_hint=_ORDER,
     outputs=("out", "k_cache", "v_cache"),
+    call=_step_run,
+    forbidden=_CACHE_BANNED,
+    rewrites=(multihead.KVCache.update, multihead.ContiguousCache.attend),
+    forbidden_hint=_NO_CACHE,
     params=("step",),
     doc="Check ``step(q, k_new, v_new, k_cache, v_cache) -> (out, k_cache, v_cache)`` (B, H, T, "
-    "D) against one causal SDPA pass: a prompt of 4 tokens, 3 single tokens, a chunk of 2.",
+    "D) against one causal SDPA pass: a prompt of 4 tokens, 3 single tokens, a chunk of 2; the "
+    "caches returned must be the old ones with the new tokens appended, and no mha cache may "
+    "do the step.",
 )
 
 #: The inputs of the prediction exercise: name -> what is special about them.
@@ -526,6 +627,18 @@ def _visible_by_library_rows(L: int, S: int, block_size: int, window: int) -> Te
     return torch.cat(rows)  # (ceil(L / b), ceil(S / b))
 
 
+def _visible_by_private_schedule(L: int, S: int, block_size: int, window: int) -> Tensor:
+    """One block of query rows at a time, its tiles listed by mha.flash's private _tile_schedule:
+    the library reached around its public names."""
+    grid = torch.zeros(-(-L // block_size), -(-S // block_size), dtype=torch.bool)
+    for r in range(grid.shape[0]):
+        block = range(r * block_size, min(r * block_size + block_size, L))
+        keep = _window_keep(L, S, window, block)  # (rows of the block, S)
+        for tile in flash._tile_schedule(len(block), S, block_size, False, keep):
+            grid[r, tile.k0 // block_size] = True
+    return grid
+
+
 def _window_cases() -> list[Case]:
     specs = (  # L, S, block_size, window
         (256, 256, 64, 100),
@@ -594,6 +707,7 @@ VISIBLE_TILES = Exercise(
     mistakes=(
         (lambda L, S, b, w: flash.visible_blocks(_window_keep(L, S, w), L, S, b), _TILE_MASK),
         (_visible_by_library_rows, _NO_FLASH),
+        (_visible_by_private_schedule, _NO_FLASH),
         (partial(_visible_slip, top_left=True), _TOP_LEFT),
         (partial(_visible_slip, off_by_one=True), _WINDOW_EDGE),
         (partial(_visible_slip, no_window=True), _NO_WINDOW),
@@ -606,6 +720,7 @@ VISIBLE_TILES = Exercise(
     exact_dtype=True,
     call=_call_without_mask,
     forbidden=tuple(defined_in(flash)),
+    rewrites=(flash.visible_blocks,),
     forbidden_hint=_NO_FLASH,
     params=("my_visible_tiles",),
     doc="Check ``my_visible_tiles(L, S, block_size, window) -> (ceil(L/b), ceil(S/b)) bool``, the "

@@ -10,10 +10,23 @@ from functools import cache, partial
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
+from .. import triton_flash
+from ..lab import timing
 from ..masks import sliding_window_mask
-from ._harness import Case, Exercise, ExerciseError, Lazy, as_int, difference, publish, tr
+from ._harness import (
+    Case,
+    Exercise,
+    ExerciseError,
+    Lazy,
+    as_int,
+    defined_in,
+    difference,
+    publish,
+    tr,
+)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -67,6 +80,26 @@ def _tile_counts_ceil(B: int, H: int, L: int, S: int, block_m: int, block_n: int
     return n_m * B * H, sum(math.ceil(h / block_n) for h in hi) * B * H
 
 
+def _count_by_library(B: int, H: int, L: int, S: int, bm: int, bn: int, causal: bool):
+    """The kernel's own launch_grid and causal_kv_end from mha.triton_flash."""
+    rows, heads = triton_flash.launch_grid(B, H, L, bm)
+    ends = [triton_flash.causal_kv_end(i, bm, L, S) if causal else S for i in range(rows)]
+    return rows * heads, sum(_cdiv(end, bn) for end in ends) * heads
+
+
+def _count_by_private_helper(B: int, H: int, L: int, S: int, bm: int, bn: int, causal: bool):
+    """The block sizes checked by mha.triton_flash's private _check_block, then counted right."""
+    triton_flash._check_block("block_m", bm)
+    return _count_work(B, H, L, S, bm, bn, causal)
+
+
+#: The kernel's launch arithmetic is mha.triton_flash's (launch_grid, causal_kv_end): the
+#: exercises that count it ban the whole module.
+_KERNEL_BANNED = tuple(defined_in(triton_flash))
+_NO_TRITON_FLASH = (
+    "count it yourself, with no function of mha.triton_flash (launch_grid, causal_kv_end ...)."
+)
+
 TILE_COUNTS = Exercise(
     "check_tile_counts",
     f"grid and tile counts right in all {len(_WORK_CASES)} configurations",
@@ -82,6 +115,8 @@ TILE_COUNTS = Exercise(
         (partial(_count_work, grid="tiles"), _LOOP),
         (lambda B, H, L, S, bm, bn, causal: _count_work(B, H, L, S, bm, bn, False), _STOPS),
         (partial(_count_work, stop="square"), "The ragged last query tile stops at row L - 1."),
+        (_count_by_library, _NO_TRITON_FLASH),
+        (_count_by_private_helper, _NO_TRITON_FLASH),
     ),
     hint={
         "programs": "The grid is (cdiv(L, block_m), B * H); count its programs.",
@@ -94,6 +129,9 @@ TILE_COUNTS = Exercise(
         if (isinstance(out, tuple) and len(out) == 2)
         else out
     ),
+    forbidden=_KERNEL_BANNED,
+    rewrites=(triton_flash.launch_grid, triton_flash.causal_kv_end),
+    forbidden_hint=_NO_TRITON_FLASH,
     params=("count_work",),
     doc="Check ``count_work(B, H, L, S, block_m, block_n, is_causal) -> (programs, kv_tiles)`` "
     "against a count of the key tiles a real keep-mask needs.",
@@ -144,6 +182,22 @@ def _kv_range_floor(start_m: int, BLOCK_M: int, BLOCK_N: int, L: int, S: int, wi
     return math.floor(lo / BLOCK_N) * BLOCK_N, min(S, L, (start_m + 1) * BLOCK_M)
 
 
+def _kv_range_by_library(m: int, bm: int, bn: int, L: int, S: int, window: int):
+    """The causal bound from mha.triton_flash.causal_kv_end, the window's start by hand."""
+    hi = triton_flash.causal_kv_end(m, bm, L, S)
+    return max(0, m * bm - window + 1) // bn * bn, hi
+
+
+def _kv_range_by_private_helper(m: int, bm: int, bn: int, L: int, S: int, window: int):
+    """BLOCK_N checked by mha.triton_flash's private _check_block, then the right bounds."""
+    triton_flash._check_block("BLOCK_N", bn)
+    return _kv_range(m, bm, bn, L, S, window)
+
+
+_NO_KERNEL_BOUND = (
+    "work the bounds out yourself, with no function of mha.triton_flash (causal_kv_end ...)."
+)
+
 KV_TILE_RANGE = Exercise(
     "check_kv_tile_range",
     f"exactly the needed key tiles in all {len(_LENGTHS) * len(_WINDOWS) * len(_BLOCKS)} "
@@ -159,10 +213,15 @@ KV_TILE_RANGE = Exercise(
         (partial(_kv_range, hi="S"), _SKIP + "no row sees a key past the tile's last row."),
         (partial(_kv_range, lo="up"), _WRONG + "round the first visible key *down*."),
         (partial(_kv_range, hi="diagonal"), _WRONG + "the last row sees keys up to itself."),
+        (_kv_range_by_library, _NO_KERNEL_BOUND),
+        (_kv_range_by_private_helper, _NO_KERNEL_BOUND),
     ),
     hint="Visit exactly the key tiles holding a key that some row of the query tile sees: row i "
     "sees keys i - window + 1 .. i.",
     call=_visited_tiles,
+    forbidden=_KERNEL_BANNED,
+    rewrites=(triton_flash.causal_kv_end,),
+    forbidden_hint=_NO_KERNEL_BOUND,
     params=("kv_tile_range",),
     doc="Check ``kv_tile_range(start_m, BLOCK_M, BLOCK_N, L, S, window) -> (lo, hi)``: "
     "``range(lo, hi, BLOCK_N)`` must visit exactly the key tiles causal sliding-window attention "
@@ -361,10 +420,53 @@ SOFTMAX_KERNEL = Exercise(
         (_kernel("wrong_signature"), _SIGNATURE),
     ),
     custom=_check_softmax_kernel,
+    # None: mha has no Triton softmax kernel, and a Triton kernel cannot call torch's softmax (the
+    # check turns away anything that is not a @triton.jit kernel, torch.softmax included).
+    rewrites=(),
     params=("kernel",),
     doc="Check a Triton ``softmax_kernel(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr)`` "
     "launched with one program per row (on the GPU, or in Triton's interpreter on the CPU).",
 )
+
+
+from ._triton_forward import ATTENTION_LOOP, skeleton_attention  # noqa: E402, F401
+
+
+def time_attention_loop(attention_loop: Any) -> None:
+    """Print your kernel's TFLOP/s and its ratio to SDPA and to the course's kernel, measured on
+    this machine (causal, float16, B=4, H=16, L=S=4096, D=64); on a CPU, say that it needs a
+    GPU."""
+    if not torch.cuda.is_available() or triton_flash.is_interpreted():
+        # printed as it is in both editions, like the chapter's other measured lines
+        line = (
+            "Your kernel's speed needs a GPU that Triton compiles for: in the interpreter it runs "
+            "as NumPy, and its time says nothing. On a GPU this line prints your TFLOP/s next to "
+            "SDPA's and the course kernel's."
+        )
+        print(line)
+        return
+    B, H, L, D = 4, 16, 4096, 64
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, L, D, generator=g).to("cuda", torch.float16) for _ in range(3))
+    block_m, block_n = triton_flash.default_blocks(D, torch.float16)  # the course kernel's tiles
+    fns = {
+        "yours": lambda: skeleton_attention(
+            attention_loop, q, k, v, True, block_m=block_m, block_n=block_n
+        ),
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        "course": lambda: triton_flash.triton_attention(q, k, v, is_causal=True),
+    }
+    with torch.no_grad():
+        times = timing.compare_times(fns, rounds=3, min_run_time=0.2)
+    flops = 4 * B * H * L * L * D / 2  # causal: half of Q K^T and of P V
+    rate = {name: flops / t.median / 1e12 for name, t in times.items()}
+    line = (
+        "causal, float16, B={B}, H={H}, L=S={L}, D={D}, on this machine: yours ~{yours:.0f} "
+        "TFLOP/s, SDPA ~{sdpa:.0f}, the course's kernel ~{course:.0f} (yours / SDPA "
+        "{to_sdpa:.2f}, yours / course {to_course:.2f})"
+    )
+    ratios = {"to_sdpa": rate["yours"] / rate["sdpa"], "to_course": rate["yours"] / rate["course"]}
+    print(line.format(B=B, H=H, L=L, D=D, **rate, **ratios))
 
 
 EXERCISES = publish(globals())

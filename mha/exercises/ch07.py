@@ -1,13 +1,14 @@
 """Chapter 7, the backward pass: the exercises as data for :mod:`._harness`.
 
 References: autograd through gpt-oss-style sink attention (the sink as an extra softmax column),
-through ``F.scaled_dot_product_attention`` and through ``torch.softmax`` (δ; float64), the weights by their definition, and the
-bytes autograd saves, counted with ``torch.autograd.graph.saved_tensors_hooks``; mistakes: a
-softmax without the sink, no gradient for the sink or the wrong sign or shape of it, the three
-bugs of the chapter's ``buggy_backward`` (δ without the weights, ``P * dP - δ``, ``dS`` where
-``dSᵀ`` belongs) one at a time and the two that dQ depends on together, a tile normalised on its own, ``exp(s) / exp(lse)`` (overflow), the default
-scale in place of the given one, O(L²) for the tiles; and autograd itself, which the backward
-exercises ban.
+through ``F.scaled_dot_product_attention`` and through ``torch.softmax`` (δ and one key tile's
+share; float64), and the bytes autograd saves, counted with
+``torch.autograd.graph.saved_tensors_hooks``; mistakes: a softmax without the sink, no gradient
+for the sink or the wrong sign or shape of it, the three bugs of the chapter's ``buggy_backward``
+(δ without the weights, ``P * dP - δ``, ``dS`` where ``dSᵀ`` belongs) one at a time and the two
+that dQ depends on together, a tile's δ or softmax on its own, ``exp(s) / exp(lse)`` (overflow),
+the default scale in place of the given one, O(L²) for the tiles; and autograd, mha.flash and
+mha.triton_flash's launch arithmetic, which the exercises that re-write them ban.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable
-from functools import cache
+from functools import cache, partial
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -30,12 +32,14 @@ from ._harness import (
     Exercise,
     ExerciseError,
     as_int,
+    defined_in,
     publish,
     randn64,
     slipped,
     tr,
     whole,
 )
+from ._tiled_backward import TILED_BANNED
 
 # --- the backward pass with a sink logit --------------------------------------------------------
 
@@ -187,6 +191,8 @@ SINK_BACKWARD = Exercise(
     rtol=1e-8,
     outputs=("dq", "dk", "dv", "d_sink"),
     forbidden=AUTOGRAD,
+    # mha has no backward of sink attention of its own: its gradient is autograd's
+    rewrites=(torch.autograd.grad,),
     forbidden_hint=_NO_AUTOGRAD_SINK,
     params=("sink_attention_backward",),
     doc="Check ``sink_attention_backward(q, k, v, sink, d_out) -> (dq, dk, dv, d_sink)`` for "
@@ -285,6 +291,15 @@ def _by_autograd(q: Tensor, k: Tensor, v: Tensor, d_out: Tensor) -> tuple[Tensor
     return torch.autograd.grad(out, (q, k, v), d_out)
 
 
+def _by_private_tile_scores(q: Tensor, k: Tensor, v: Tensor, d_out: Tensor) -> tuple[Tensor, ...]:
+    """The scores from mha.flash's private _tile_scores (one tile: all of them), then right."""
+    scale = 1 / math.sqrt(q.shape[-1])
+    whole: flash.Tile = SimpleNamespace(q0=0, q1=q.shape[-2], k0=0, k1=k.shape[-2])  # type: ignore[assignment]
+    p = torch.softmax(flash._tile_scores(q * scale, k, whole, None, None), -1)  # (B, H, L, S)
+    ds = p * (d_out @ v.mT - (d_out * (p @ v)).sum(-1, keepdim=True))  # (B, H, L, S)
+    return ds @ k * scale, ds.mT @ q * scale, p.mT @ d_out
+
+
 def _by_flash_backward(q: Tensor, k: Tensor, v: Tensor, d_out: Tensor) -> tuple[Tensor, ...]:
     out, lse = mha.flash_attention(q, k, v, return_lse=True)
     scale = 1 / math.sqrt(q.shape[-1])
@@ -299,7 +314,7 @@ _FORMULAS = (
 )
 _NO_AUTOGRAD_ATTENTION = (
     "fix the formulas, without autograd (torch.autograd.grad, .backward()) or "
-    "mha.flash.flash_attention_backward."
+    "mha.flash.flash_attention_backward (nor any other function of mha.flash)."
 )
 BACKWARD_FIX = Exercise(
     "check_backward_fix",
@@ -311,13 +326,15 @@ BACKWARD_FIX = Exercise(
         *_bug_mistakes(),
         (_by_autograd, _NO_AUTOGRAD_ATTENTION),
         (_by_flash_backward, _NO_AUTOGRAD_ATTENTION),
+        (_by_private_tile_scores, _NO_AUTOGRAD_ATTENTION),
     ),
     hint={name: f"{name} is wrong. " + _FORMULAS for name in ("dq", "dk", "dv")},
     crash_hint=_FORMULAS,
     atol=1e-10,
     rtol=1e-8,
     outputs=("dq", "dk", "dv"),
-    forbidden=(*AUTOGRAD, flash.flash_attention_backward),
+    forbidden=(*AUTOGRAD, *defined_in(flash)),
+    rewrites=(torch.autograd.grad, flash.flash_attention_backward),
     forbidden_hint=_NO_AUTOGRAD_ATTENTION,
     params=("fixed_backward",),
     doc="Check ``fixed_backward(q, k, v, d_out) -> (dq, dk, dv)``, the repaired "
@@ -364,90 +381,177 @@ BACKWARD_DELTA = Exercise(
     atol=1e-9,
     rtol=1e-9,
     convert=lambda d: d.squeeze(-1) if isinstance(d, Tensor) and d.shape[-1:] == (1,) else d,
+    # () : a row-wise dot product; no public function of mha or torch returns δ (mha.flash and the
+    # Triton backward compute it inside their backward passes only).
+    rewrites=(),
     params=("backward_delta",),
     doc="Check ``backward_delta(out, grad_out) -> delta`` (B, H, L), with which P * (dP - "
     "delta) is the gradient of the scores.",
 )
 
 
-# --- one tile of the weights from the logsumexp -------------------------------------------------
+# --- one key tile's share of the backward pass, from the saved logsumexp ------------------------
 
 
-def _tile_cases() -> list[Case]:
-    """Tiles of two (2, 2, 12, 16) attentions: the reference slices the full softmax. The second
-    has another scale than 1/√D and scores near 750, where exp overflows even in float64 (at
-    709.8; float32 at 88.7): a key column of 50s adds 2500 · scale to every score of a row."""
+def _key_tile_cases() -> list[Case]:
+    """One key tile of (2, 2, L, S) attentions against all L queries; the expected gradients from
+    autograd through the whole attention in float64: dK and dV of the tile's keys, and the tile's
+    share of dQ, dS[..., tile] @ K_tile · scale, with autograd's dS. The second case has another
+    scale than 1/√D and scores near 750, where exp overflows even in float64 (at 709.8; float32 at
+    88.7): a key column of 50s adds 2500 · scale to every score of a row."""
     g = torch.Generator().manual_seed(72)
     cases = []
-    for scale, rows, cols, what in (
-        (1 / math.sqrt(8), slice(4, 8), slice(8, 12), ""),
-        (0.3, slice(0, 4), slice(10, 16), ", scale 0.3, scores near 750"),
+    for L, S, scale, cols, what in (
+        (12, 16, 1 / math.sqrt(8), slice(8, 12), ""),
+        (10, 16, 0.3, slice(10, 16), ", scale 0.3, scores near 750"),
+        (5, 20, 1 / math.sqrt(8), slice(7, 14), ""),
     ):
-        q, k = randn64(g, 2, 2, 12, 8) * 2, randn64(g, 2, 2, 16, 8) * 2
+        q, k, v = randn64(g, 2, 2, L, 8) * 2, randn64(g, 2, 2, S, 8) * 2, randn64(g, 2, 2, S, 4)
+        dout = randn64(g, 2, 2, L, 4)  # dO
         if what:
             q[..., 0], k[..., 0] = 50.0, 50.0  # the same shift for every key of a row
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
         scores = q @ k.transpose(-2, -1) * scale  # (B, H, L, S)
-        args = (q[..., rows, :], k[..., cols, :], torch.logsumexp(scores, -1)[..., rows], scale)
-        r, c = (f"{s.start}:{s.stop}" for s in (rows, cols))
-        expected = torch.softmax(scores, -1)[..., rows, cols]  # (B, H, R, C)
-        cases.append(Case(f"weights_tile for rows {r}, keys {c}{what}", args, expected=expected))
+        scores.retain_grad()
+        out = torch.softmax(scores, -1) @ v  # (B, H, L, Dv)
+        out.backward(dout)
+        assert q.grad is not None and k.grad is not None and v.grad is not None
+        assert scores.grad is not None
+        lse = torch.logsumexp(scores, -1).detach()  # (B, H, L), as the forward pass saves it
+        k_tile, v_tile = k.detach()[..., cols, :], v.detach()[..., cols, :]
+        dq_part = scores.grad[..., cols] @ k_tile * scale  # the tile's share of dQ
+        expected = (dq_part, k.grad[..., cols, :], v.grad[..., cols, :])
+        args = (q.detach(), k_tile, v_tile, out.detach(), dout, lse, scale)
+        label = f"key_tile_backward for keys {cols.start}:{cols.stop} of {S}, L={L}{what}"
+        cases.append(Case(label, args, expected=expected))
     return cases
 
 
-def _weights_tile(q: Tensor, k: Tensor, lse: Tensor, scale: float) -> Tensor:
-    return torch.exp(q @ k.transpose(-2, -1) * scale - lse.unsqueeze(-1))  # (..., R, C)
+def _key_tile(q, k_tile, v_tile, out, dout, lse, scale, **slip):
+    """One key tile's gradients from the saved lse: right without ``slip``, or with one slip
+    (``tile_delta``, ``tile_softmax``, ``overflow``, ``default_scale``, ``no_chain``)."""
+    if slip.get("default_scale"):
+        scale = q.shape[-1] ** -0.5
+    s = q @ k_tile.transpose(-2, -1) * scale  # (B, H, L, C)
+    if slip.get("tile_softmax"):
+        p = torch.softmax(s, -1)
+    elif slip.get("overflow"):
+        p = s.exp() / lse.exp()[..., None]
+    else:
+        p = torch.exp(s - lse[..., None])  # (B, H, L, C)
+    dp = dout @ v_tile.transpose(-2, -1)  # (B, H, L, C)
+    if slip.get("tile_delta"):
+        delta = (p * dp).sum(-1, keepdim=True)  # (B, H, L, 1): this tile's keys only
+    else:
+        delta = (dout * out).sum(-1, keepdim=True)  # (B, H, L, 1): the whole row
+    ds = p * (dp - delta)  # (B, H, L, C)
+    chain = 1.0 if slip.get("no_chain") else scale
+    dq_part = ds @ k_tile * chain  # (B, H, L, D)
+    dk = ds.transpose(-2, -1) @ q * chain  # (B, H, C, D)
+    return dq_part, dk, p.transpose(-2, -1) @ dout  # dv (B, H, C, Dv)
 
 
-_HINT_TILE = "P_tile = exp(q_tile·k_tileᵀ·scale - lse[..., None]): lse is one number per row."
+def _key_tile_by_einsum(q, k_tile, v_tile, out, dout, lse, scale):
+    """Q scaled once, einsum throughout, δ by einsum."""
+    qs = q * scale  # (B, H, L, D)
+    p = (torch.einsum("bhld,bhcd->bhlc", qs, k_tile) - lse.unsqueeze(-1)).exp()
+    delta = torch.einsum("bhle,bhle->bhl", dout, out)  # (B, H, L)
+    ds = p * (torch.einsum("bhle,bhce->bhlc", dout, v_tile) - delta.unsqueeze(-1))
+    return (
+        torch.einsum("bhlc,bhcd->bhld", ds, k_tile) * scale,
+        torch.einsum("bhlc,bhld->bhcd", ds, qs),
+        torch.einsum("bhlc,bhle->bhce", p, dout),
+    )
 
-WEIGHTS_TILE = Exercise(
-    "check_weights_tile",
-    "the tiles equal the full softmax's weights (float64)",
-    _weights_tile,
-    _tile_cases,
-    variants=(
-        lambda q, k, lse, scale: (q @ k.mT * scale - lse[..., None]).exp(),
-        lambda q, k, lse, scale: torch.exp(
-            torch.einsum("...rd,...cd->...rc", q * scale, k) - lse.unsqueeze(-1)
-        ),
-    ),
+
+def _key_tile_transposed(q, k_tile, v_tile, out, dout, lse, scale):
+    """Everything as the key tile sees it, (C, L): Pᵀ and dSᵀ first, as the dK/dV kernel does."""
+    p_t = torch.exp(k_tile @ q.mT * scale - lse[..., None, :])  # (B, H, C, L)
+    dp_t = v_tile @ dout.mT  # (B, H, C, L)
+    ds_t = p_t * (dp_t - torch.sum(dout * out, -1)[..., None, :])  # (B, H, C, L)
+    return ds_t.mT @ k_tile * scale, ds_t @ q * scale, p_t @ dout
+
+
+def _key_tile_by_library(q, k_tile, v_tile, out, dout, lse, scale):
+    """mha.flash.flash_attention_backward handed the tile's keys and values: what it returns is
+    exactly the tile's share."""
+    return flash.flash_attention_backward(
+        dout, q, k_tile, v_tile, out, lse, None, False, scale=scale, block_size=16
+    )
+
+
+def _key_tile_by_private_helper(q, k_tile, v_tile, out, dout, lse, scale):
+    """The tile's scores from mha.flash's private _tile_scores, the rest by the formulas."""
+    whole = SimpleNamespace(q0=0, q1=q.shape[-2], k0=0, k1=k_tile.shape[-2])  # one tile: all
+    p = torch.exp(flash._tile_scores(q * scale, k_tile, whole, None, None) - lse[..., None])
+    ds = p * (dout @ v_tile.mT - (dout * out).sum(-1, keepdim=True))
+    return ds @ k_tile * scale, ds.mT @ q * scale, p.mT @ dout
+
+
+def _key_tile_by_autograd(q, k_tile, v_tile, out, dout, lse, scale):
+    """Autograd through the tile's weights rebuilt from lse: δ goes missing on the way."""
+    q, k_tile, v_tile = (t.clone().requires_grad_() for t in (q, k_tile, v_tile))
+    o_part = torch.exp(q @ k_tile.mT * scale - lse[..., None]) @ v_tile  # (B, H, L, Dv)
+    return torch.autograd.grad(o_part, (q, k_tile, v_tile), dout)
+
+
+_KEY_TILE_FORMULAS = (
+    "P = exp(Q·K_tileᵀ·scale - lse[..., None]) (L, C); dV_tile = Pᵀ·dO; "
+    "dS = P * (dO·V_tileᵀ - δ) with δ = rowsum(dO * O); dK_tile = dSᵀ·Q·scale; "
+    "the share of dQ = dS·K_tile·scale."
+)
+_KEY_TILE_DELTA = (
+    "δ is a sum over the whole row of keys, rowsum(P * dP) over all S of them; one tile's keys "
+    "miss the others. The forward pass left what it needs: δ = rowsum(dO * O). "
+)
+_KEY_TILE_SOFTMAX = (
+    "A softmax over the tile divides by this tile's sum; the row's sum over *all* keys is "
+    "exp(lse), which is what the forward pass saved: P = exp(S - lse). "
+)
+_KEY_TILE_OVERFLOW = (
+    "exp of a large score overflows (inf / inf = NaN): subtract lse inside the exp, "
+    "exp(s - lse), never divide exp(s) by exp(lse). "
+)
+_KEY_TILE_SCALE = "Use the scale you are given: the forward pass need not have used 1/sqrt(D). "
+_KEY_TILE_CHAIN = (
+    "The scores were scaled, S = Q·Kᵀ·scale, so the chain rule brings the scale back into dQ "
+    "and dK (not into dV). "
+)
+_NO_BACKWARD = (
+    "write the tile's backward yourself: no autograd (torch.autograd.grad, .backward(), "
+    "torch.func), no torch's own attention backward kernels and no function of mha.flash "
+    "(flash_attention_backward and its helpers)."
+)
+KEY_TILE_BACKWARD = Exercise(
+    "check_key_tile_backward",
+    "the tile's dK and dV and its share of dQ equal autograd's (float64; L < C and L > C, a "
+    "scale other than 1/sqrt(D), scores near 750), from the tile's keys and the saved lse only, "
+    "without autograd or mha.flash",
+    _key_tile,
+    _key_tile_cases,
+    variants=(_key_tile_by_einsum, _key_tile_transposed),
     mistakes=(
-        (
-            lambda q, k, lse, scale: torch.exp(q @ k.transpose(-2, -1) * scale - lse),
-            "lse (..., R) must broadcast over the keys, not the rows: subtract "
-            "lse[..., None] (or lse.unsqueeze(-1)). " + _HINT_TILE,
-        ),
-        (
-            lambda q, k, lse, scale: torch.softmax(q @ k.transpose(-2, -1) * scale, -1),
-            "A softmax over the tile divides by this tile's sum; the row's sum over *all* keys "
-            "is exp(lse), which is what the forward pass saved. " + _HINT_TILE,
-        ),
-        (
-            lambda q, k, lse, scale: torch.exp(q @ k.transpose(-2, -1) - lse.unsqueeze(-1)),
-            "Scale the scores as the forward pass did. " + _HINT_TILE,
-        ),
-        (
-            lambda q, k, lse, scale: torch.exp(q @ k.transpose(-2, -1) * scale + lse.unsqueeze(-1)),
-            "Subtract lse: exp(s - lse) = exp(s) / sum_j exp(s_j). " + _HINT_TILE,
-        ),
-        (
-            lambda q, k, lse, scale: (q @ k.mT * scale).exp() / lse.exp()[..., None],
-            "exp of a large score overflows (inf / inf = NaN): subtract lse inside the exp, "
-            "exp(s - lse), never divide exp(s) by exp(lse). " + _HINT_TILE,
-        ),
-        (
-            lambda q, k, lse, scale: torch.exp(q @ k.mT / math.sqrt(q.shape[-1]) - lse[..., None]),
-            "Use the scale you are given: the forward pass need not have used 1/sqrt(D). "
-            + _HINT_TILE,
-        ),
+        (partial(_key_tile, tile_delta=True), _KEY_TILE_DELTA + _KEY_TILE_FORMULAS),
+        (partial(_key_tile, tile_softmax=True), _KEY_TILE_SOFTMAX + _KEY_TILE_FORMULAS),
+        (partial(_key_tile, overflow=True), _KEY_TILE_OVERFLOW + _KEY_TILE_FORMULAS),
+        (partial(_key_tile, default_scale=True), _KEY_TILE_SCALE + _KEY_TILE_FORMULAS),
+        (partial(_key_tile, no_chain=True), _KEY_TILE_CHAIN + _KEY_TILE_FORMULAS),
+        (_key_tile_by_library, _NO_BACKWARD),
+        (_key_tile_by_private_helper, _NO_BACKWARD),
+        (_key_tile_by_autograd, _NO_BACKWARD),
     ),
-    hint=_HINT_TILE,
-    crash_hint=_HINT_TILE,
+    hint={name: f"{name} is wrong. " + _KEY_TILE_FORMULAS for name in ("dq_part", "dk", "dv")},
+    crash_hint=_KEY_TILE_FORMULAS,
     atol=1e-10,
     rtol=1e-8,
-    params=("weights_tile",),
-    doc="Check ``weights_tile(q_tile, k_tile, lse_tile, scale) -> P_tile`` (..., R, C): one tile "
-    "of the attention weights rebuilt from the saved row logsumexp.",
+    outputs=("dq_part", "dk", "dv"),
+    forbidden=TILED_BANNED,
+    rewrites=(flash.flash_attention_backward, torch.autograd.grad),
+    forbidden_hint=_NO_BACKWARD,
+    params=("key_tile_backward",),
+    doc="Check ``key_tile_backward(q, k_tile, v_tile, out, dout, lse, scale) -> (dq_part, dk, "
+    "dv)``: one tile of C keys against all L queries, its dK and dV and its share of dQ, from "
+    "what the forward pass saved, without autograd, against autograd in float64.",
 )
 
 

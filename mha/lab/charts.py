@@ -94,8 +94,13 @@ def _curve_points(
 def _label_measured_sizes(ax: Axes, xs: list[float]) -> None:
     """Label the measured sizes themselves (256, 512, ...) rather than powers of ten."""
     ticks = sorted(set(xs))
-    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    labels = [f"{t:g}" for t in ticks]
+    ax.set_xticks(ticks, labels)
     ax.xaxis.set_minor_locator(NullLocator())
+    if len(ticks) * max(map(len, labels)) > 40:  # 262144 next to 131072 would run together
+        ax.tick_params(axis="x", labelrotation=45)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
 
 
 def ratio_curves(
@@ -227,7 +232,8 @@ def grouped_bars(
     ax.set_xticks(range(len(cats)), cats, rotation=45 if max(map(len, cats), default=0) > 4 else 0)
     ax.set_ylabel(ylabel)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=_axes.SMALL_TEXT)
+    ax.margins(y=0.25)  # room above the tallest bar, so that the legend never covers a bar
+    ax.legend(fontsize=_axes.SMALL_TEXT, loc="upper left", ncols=min(len(groups), 3))
     if title is not None:
         ax.set_title(title)
     return ax

@@ -61,6 +61,9 @@ def _check_axis_labels(
 
 
 def _set_ticks(ax: Axes, query_labels: list[str] | None, key_labels: list[str] | None) -> None:
+    """Label the cells; without labels, tick whole positions only (never 2.5 for a count)."""
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     if key_labels is not None:
         ax.set_xticks(
             range(len(key_labels)),

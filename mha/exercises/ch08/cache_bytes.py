@@ -13,9 +13,10 @@ from functools import partial
 from typing import Any
 
 import mha
+from mha import kv_memory
 from mha.kv_memory import CONFIGS, AttentionConfig
 
-from .._harness import Case, Exercise, publish, whole
+from .._harness import Case, Exercise, defined_in, publish, whole
 
 # --- the bytes of a KV cache ----------------------------------------------------------------------
 
@@ -140,8 +141,8 @@ def _mla_per_token(mla: Callable[[AttentionConfig], int]) -> Callable[..., int]:
 
 _PER_TOKEN_PROPERTY = vars(AttentionConfig)["elements_per_token_per_layer"]
 _NO_KV_CACHE_BYTES = (
-    "count the bytes yourself, without mha.kv_cache_bytes or the config's "
-    "elements_per_token_per_layer and uses_window."
+    "count the bytes yourself from the config's fields, without mha.kv_cache_bytes or the "
+    "config's methods and properties (elements_per_token_per_layer, uses_window, kind)."
 )
 _HINT_CACHE_BYTES = (
     "Sum over the layers: tokens kept × numbers per token × bytes_per_element. A layer keeps "
@@ -257,8 +258,9 @@ CACHE_BYTES = Exercise(
     "mha.AttentionConfig (num_layers, num_kv_heads, head_dim, sliding_window, window_layers, "
     "kv_lora_rank, qk_rope_head_dim) and returns an int.",
     convert=whole,
-    forbidden=(mha.kv_cache_bytes, _PER_TOKEN_PROPERTY.fget, AttentionConfig.uses_window),
+    forbidden=(*defined_in(kv_memory), _PER_TOKEN_PROPERTY.fget, AttentionConfig.uses_window),
     forbidden_hint=_NO_KV_CACHE_BYTES,
+    rewrites=(mha.kv_cache_bytes,),
     params=("cache_bytes",),
     doc="Check ``cache_bytes(config, seq_len, bytes_per_element) -> int``: the bytes of key/value "
     "cache of one sequence of ``seq_len`` tokens for an ``mha.AttentionConfig`` (MHA, GQA, MQA, "

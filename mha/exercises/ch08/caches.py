@@ -1,22 +1,27 @@
 """Section 8.4, caches that serve: the exercises as data for :mod:`.._harness`.
 
-References: the merge of split-KV partials by the full softmax over the concatenated scores, a
-block table read by its definition; mistakes: partials averaged, ``exp(lse)`` without the shift
-(overflow), no renormalisation, the shift by the first split's lse (NaN for an empty split), the
-weights broadcast along the rows; the table skipped, block and offset swapped, sequence and block
-swapped; and the library's own functions, which the exercises ban.
+References: the merge of split-KV partials by the full softmax over the concatenated scores; the
+slot mapping of a step's new tokens, token by token, blocks taken from the free list when a
+position opens one. Mistakes: partials averaged, ``exp(lse)`` without the shift (overflow), no
+renormalisation, the shift by the first split's lse (NaN for an empty split), the weights
+broadcast along the rows; positions counted from 0, the free list read from the front, one block
+per sequence, none for an empty sequence, the table skipped; and the library's own
+functions (every function of ``mha.decoding`` and ``mha.paged``), which the exercises ban.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import copy
+from collections.abc import Callable
+from types import SimpleNamespace
 
 import torch
 from torch import Tensor
 
 import mha
+from mha import decoding, paged
 
-from .._harness import Case, Exercise, as_int, publish, randn64
+from .._harness import Case, Exercise, ExerciseError, as_int, defined_in, publish, randn64, tr
 
 # --- merging split-KV partials ------------------------------------------------------------------
 
@@ -132,14 +137,21 @@ MERGE_PARTIALS = Exercise(
             )[0],
             _NO_MERGE_PARTIALS,
         ),
+        (
+            lambda out1, lse1, out2, lse2: decoding._merge_partials(
+                torch.stack([out1, out2]), torch.stack([lse1, lse2])
+            )[0],
+            _NO_MERGE_PARTIALS,
+        ),
     ),
     hint=_HINT_MERGE,
     crash_hint="out_i is (..., L, Dv) and lse_i (..., L): give the weights a last dim of 1 "
     "(lse[..., None]) to broadcast over Dv.",
     atol=1e-10,
     rtol=1e-8,
-    forbidden=(mha.merge_partials, mha.flash_decoding),
+    forbidden=(*defined_in(decoding), mha.ring_attention, *defined_in(paged)),
     forbidden_hint=_NO_MERGE_PARTIALS,
+    rewrites=(mha.merge_partials,),
     params=("merge",),
     doc="Check ``merge(out1, lse1, out2, lse2) -> out``: combine the attention outputs "
     "``(..., L, Dv)`` of two disjoint sets of keys and their row logsumexps ``(..., L)`` into "
@@ -147,91 +159,197 @@ MERGE_PARTIALS = Exercise(
 )
 
 
-# --- reading a block table ----------------------------------------------------------------------
+# --- where a step's new tokens go: the slot mapping -------------------------------------------------
 
 
-def _slot_reference(block_table: Sequence[Sequence[int]], block_size: int, seq: int, t: int) -> int:
-    block, offset = divmod(t, block_size)  # logical block, position inside it
-    return block_table[seq][block] * block_size + offset
+def _slot_mapping_reference(
+    block_table: list[list[int]],
+    seq_lens: list[int],
+    new_tokens: list[int],
+    free_blocks: list[int],
+    block_size: int,
+) -> list[int]:
+    """Token by token: a position at the start of a block needs a block from the free list."""
+    slots = []
+    for b, (n, new) in enumerate(zip(seq_lens, new_tokens)):
+        for t in range(n, n + new):  # the new tokens' positions in sequence b
+            if t % block_size == 0:  # its blocks are full (or it has none): take a free one
+                block_table[b].append(free_blocks.pop())
+            slots.append(block_table[b][t // block_size] * block_size + t % block_size)
+    return slots
 
 
-def _lookup_cases() -> list[Case]:
-    table4 = [[7, 2, 9, 4], [0, 11, 5, 14], [3, 8, 13, 1], [10, 6, 15, 12]]
-    table2 = [[5, 0, 3], [2, 4, 1]]
-    cases = [
-        Case("slot(block_table, 4, seq, t) for 4 sequences, t = 0…15", (table4, 4)),
-        Case("slot(block_table, 16, seq, t) for 2 sequences, t = 0…47", (table2, 16)),
-    ]
-    return [Case(c.label, c.args, expected=_every_slot(_slot_reference, c)) for c in cases]
+def _mapping_case(label: str, lengths: list[int], new: list[int], bs: int, pool: int) -> Case:
+    """Tables whose blocks are scattered over a pool of ``pool`` blocks; the rest is free, in a
+    shuffled order."""
+    g = torch.Generator().manual_seed(84 + bs + len(lengths))
+    order = torch.randperm(pool, generator=g).tolist()
+    table, used = [], 0
+    for n in lengths:
+        k = -(-n // bs)  # ceil(n / bs) blocks hold the n stored tokens
+        table.append(order[used : used + k])
+        used += k
+    args = (table, list(lengths), list(new), order[used:], bs)
+    return Case(label, args, expected=torch.tensor(_slot_mapping_reference(*copy.deepcopy(args))))
 
 
-def _every_slot(answer: Callable[..., object], case: Case) -> Tensor:
-    """The answer for every (sequence, position) the table covers: ``(sequences, positions)``."""
-    table, block_size = case.args
-    positions = len(table[0]) * block_size
-    slots = [
-        [
-            as_int(answer([list(r) for r in table], block_size, b, t), f"slot(…, {b}, {t})")
-            for t in range(positions)
-        ]
-        for b in range(len(table))
-    ]
-    return torch.tensor(slots)
+def _mapping_cases() -> list[Case]:
+    return [
+        _mapping_case(
+            "slot_mapping(...) for a decode step, seq_lens [5, 8, 0, 3], block_size 4",
+            [5, 8, 0, 3], [1, 1, 1, 1], 4, 12,
+        ),
+        _mapping_case(
+            "slot_mapping(...) for prompt chunks and a decode, seq_lens [2, 0, 7], new_tokens "
+            "[7, 5, 1], block_size 4",
+            [2, 0, 7], [7, 5, 1], 4, 16,
+        ),
+        _mapping_case(
+            "slot_mapping(...) with seq_lens [37, 16, 100, 9], new_tokens [20, 1, 28, 0], "
+            "block_size 16",
+            [37, 16, 100, 9], [20, 1, 28, 0], 16, 24,
+        ),
+    ]  # fmt: skip
 
 
-_HINT_LOOKUP = (
-    "Position t is in logical block t // block_size at offset t % block_size; the table maps "
-    "the logical block to a physical one: block_table[seq][t // block_size] * block_size "
-    "+ t % block_size."
+def _mapping_run(answer: Callable[..., object], case: Case) -> object:
+    """The answer's slots as an int64 tensor (the learner's lists are copies: it may append)."""
+    out = answer(*copy.deepcopy(case.args))
+    if out is None:
+        return None
+    if not isinstance(out, (list, tuple, Tensor)):
+        kind = type(out).__name__
+        raise ExerciseError(tr("slot_mapping should return a list of ints, got {kind}.", kind=kind))
+    items = out.tolist() if isinstance(out, Tensor) else list(out)
+    return torch.tensor([as_int(s, f"slot_mapping(...)[{i}]") for i, s in enumerate(items)])
+
+
+def _mapping_by_blocks_first(table, seq_lens, new_tokens, free_blocks, bs):
+    """Per sequence: take every block the new tokens need first, then compute their slots."""
+    slots = []
+    for row, n, new in zip(table, seq_lens, new_tokens):
+        needed = -(-(n + new) // bs) - len(row)  # blocks to add for positions n … n+new-1
+        row.extend(free_blocks.pop() for _ in range(needed))
+        slots += [row[t // bs] * bs + t % bs for t in range(n, n + new)]
+    return slots
+
+
+def _mapping_by_capacity(table, seq_lens, new_tokens, free_blocks, bs):
+    """Token by token, a block taken when the position is past what the row's blocks hold."""
+    slots = []
+    for b in range(len(table)):
+        for i in range(new_tokens[b]):
+            t = seq_lens[b] + i
+            while t >= len(table[b]) * bs:
+                table[b].append(free_blocks.pop())
+            block, offset = divmod(t, bs)
+            slots.append(table[b][block] * bs + offset)
+    return slots
+
+
+def _mapping_slip(**slip: bool) -> Callable[..., list[int]]:
+    def answer(table, seq_lens, new_tokens, free_blocks, bs):
+        slots = []
+        for b, (n, new) in enumerate(zip(seq_lens, new_tokens)):
+            taken = 0
+            for i in range(new):
+                t = i if slip.get("from_zero") else n + i
+                full = t % bs == 0 and not (slip.get("skip_empty") and t == 0)
+                if full and not (slip.get("one_block") and taken):
+                    table[b].append(free_blocks.pop(0) if slip.get("front") else free_blocks.pop())
+                    taken += 1
+                if slip.get("no_table"):
+                    slots.append(t)
+                else:
+                    slots.append(table[b][t // bs] * bs + t % bs)
+        return slots
+
+    return answer
+
+
+def _mapping_by_library_slot(table, seq_lens, new_tokens, free_blocks, bs):
+    """PagedKVCache.slot called on a table of one's own."""
+    cache = SimpleNamespace(_tables=table, _lens=[], block_size=bs)
+    slots = []
+    for b, (n, new) in enumerate(zip(seq_lens, new_tokens)):
+        table[b] += [free_blocks.pop() for _ in range(-(-(n + new) // bs) - len(table[b]))]
+        cache._lens = [n + new for n, new in zip(seq_lens, new_tokens)]
+        slots += [mha.PagedKVCache.slot(cache, b, t) for t in range(n, n + new)]  # type: ignore
+    return slots
+
+
+def _mapping_by_private_take(table, seq_lens, new_tokens, free_blocks, bs):
+    """PagedKVCache's private _take for each new block, the slots by hand."""
+    pool = SimpleNamespace(_free=free_blocks, _refs={})
+    slots = []
+    for b, (n, new) in enumerate(zip(seq_lens, new_tokens)):
+        for t in range(n, n + new):
+            if t % bs == 0:
+                table[b].append(mha.PagedKVCache._take(pool))  # type: ignore[arg-type]
+            slots.append(table[b][t // bs] * bs + t % bs)
+    return slots
+
+
+_HINT_MAPPING = (
+    "Sequence b's new tokens are its positions seq_lens[b], seq_lens[b] + 1, …; position t is "
+    "at offset t % block_size of the row's block t // block_size. A position with "
+    "t % block_size == 0 opens a new block: append free_blocks.pop() to block_table[b] first. "
+    "Slot = block_table[b][t // block_size] * block_size + t % block_size, sequence after "
+    "sequence."
 )
+_NO_PAGED = "work it out yourself, without mha.PagedKVCache (its slot, update or private helpers)."
 
-
-def _slot_by_paged_cache(block_table: list[list[int]], block_size: int, seq: int, t: int) -> int:
-    """Read the slot from a PagedKVCache whose table is replaced by the given one."""
-    cache = mha.PagedKVCache(block_size=block_size)
-    cache._tables = [list(row) for row in block_table]
-    cache._lens = [len(row) * block_size for row in block_table]
-    return cache.slot(seq, t)
-
+#: Every function of mha.paged: PagedKVCache's methods (public and private) and paged_attention.
+PAGED_BANNED = tuple(defined_in(paged))
 
 PAGE_LOOKUP = Exercise(
     "check_page_lookup",
-    "every (sequence, position) lands in its pool slot",
-    _slot_reference,
-    _lookup_cases,
-    variants=(
-        _slot_by_paged_cache,
-        lambda table, bs, seq, t: table[seq][t // bs] * bs + (t - t // bs * bs),
-    ),
+    "every new token's slot, new blocks taken when a position opens one (decode steps, prompt "
+    "chunks, an empty sequence)",
+    lambda *args: torch.tensor(_slot_mapping_reference(*copy.deepcopy(args))),
+    _mapping_cases,
+    variants=(_mapping_by_blocks_first, _mapping_by_capacity),
     mistakes=(
         (
-            lambda table, bs, seq, t: t,
-            "The slot of position t is not t: the sequence's blocks are scattered over the "
-            "pool; look the logical block up in the block table. " + _HINT_LOOKUP,
+            _mapping_slip(from_zero=True),
+            "The new tokens come after the seq_lens[b] tokens already stored: their positions "
+            "are seq_lens[b] + i, not i. " + _HINT_MAPPING,
         ),
         (
-            lambda table, bs, seq, t: table[seq][t % bs] * bs + t // bs,
-            "Block and offset are swapped: the block index is t // block_size, the offset "
-            "t % block_size. " + _HINT_LOOKUP,
+            _mapping_slip(front=True),
+            "The next free block is the last one of free_blocks (take it with pop(), as "
+            "PagedKVCache does), not the first. " + _HINT_MAPPING,
         ),
         (
-            lambda table, bs, seq, t: table[t // bs][seq] * bs + t % bs,
-            "The table has one row per sequence: block_table[seq][block], not "
-            "block_table[block][seq]. " + _HINT_LOOKUP,
+            _mapping_slip(one_block=True),
+            "A prompt chunk can cross more than one block boundary: take a block at every "
+            "position that opens one, not one per sequence. " + _HINT_MAPPING,
         ),
         (
-            lambda table, bs, seq, t: table[seq][t // bs] * len(table[seq]) + t % bs,
-            "A physical block holds block_size slots: multiply the block by block_size, not by "
-            "the number of blocks. " + _HINT_LOOKUP,
+            _mapping_slip(skip_empty=True),
+            "An empty sequence has no block yet: its first token, position 0, needs one too. "
+            + _HINT_MAPPING,
         ),
+        (
+            _mapping_slip(no_table=True),
+            "The slot of position t is not t: a sequence's blocks are wherever the pool had room; "
+            "look its logical block t // block_size up in block_table[b]. " + _HINT_MAPPING,
+        ),
+        (_mapping_by_library_slot, _NO_PAGED),
+        (_mapping_by_private_take, _NO_PAGED),
     ),
-    hint=_HINT_LOOKUP,
-    crash_hint=_HINT_LOOKUP,
-    call=lambda answer, case: _every_slot(answer, case),
-    params=("slot",),
-    doc="Check ``slot(block_table, block_size, seq, t) -> int``: the pool slot that holds "
-    "position ``t`` of sequence ``seq`` in a paged KV cache, ``block_table`` one list of "
-    "physical blocks per sequence.",
+    hint=_HINT_MAPPING,
+    crash_hint=_HINT_MAPPING,
+    call=_mapping_run,
+    forbidden=PAGED_BANNED,
+    forbidden_hint=_NO_PAGED,
+    rewrites=(mha.PagedKVCache.slot,),
+    params=("slot_mapping",),
+    doc="Check ``slot_mapping(block_table, seq_lens, new_tokens, free_blocks, block_size) -> "
+    "list[int]``: the pool slot of every token a step writes (``new_tokens[b]`` after the "
+    "``seq_lens[b]`` stored ones, sequence after sequence), taking blocks from ``free_blocks`` "
+    "(with ``pop()``) when a position opens one; ``block_table`` one list of physical blocks per "
+    "sequence.",
 )
 
 

@@ -153,6 +153,7 @@ PREFIX_LM = Exercise(
     "calls it on 0-dim integer tensors and it must return a bool tensor (prefix_lengths[b] is "
     "sequence b's prefix).",
     call=_prefix_lm_mask,
+    rewrites=(),  # neither mha nor torch has a prefix-LM mask_mod
     params=("prefix_lm",),
     doc="Check ``prefix_lm(prefix_lengths) -> mask_mod``: a FlexAttention ``mask_mod(b, h, q_idx, "
     "kv_idx)`` for a prefix LM, bidirectional among the first ``prefix_lengths[b]`` tokens of "

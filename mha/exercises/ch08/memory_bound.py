@@ -145,6 +145,7 @@ DECODE_TRAFFIC = Exercise(
     "bytes_per_element) takes six ints and returns a tuple (flops, bytes).",
     outputs=("flops", "bytes"),
     convert=whole,
+    rewrites=(),  # arithmetic: attention_traffic is the chapter's own cell, not mha's
     params=("decode_traffic",),
     doc="Check ``decode_traffic(batch, num_heads, num_kv_heads, seq_len, head_dim, "
     "bytes_per_element) -> (flops, bytes)``: one decode step of attention (one new query per "

@@ -7,14 +7,18 @@ pairs, the frequency exponent without its 2, the rotation backwards, the positio
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import torch
 from torch import Tensor
 
 import mha
+from mha import rope as rope_library
+from mha.models import deepseek_v3
 
-from .._harness import Case, Exercise, publish, randn64, slipped
+from .._harness import Case, Exercise, defined_in, publish, randn64, slipped
 
 # --- RoPE -----------------------------------------------------------------------------------------
 
@@ -99,6 +103,17 @@ _HINT_ROPE = (
 )
 
 
+def _rope_by_private_helper(x: Tensor, positions: Tensor) -> Tensor:
+    """mha.rope's private helper, reached around the public apply_rope."""
+    return rope_library._apply_rope(x, positions, 10000.0)
+
+
+#: Every function of mha.rope (public and private) and DeepSeek's own rotation.
+ROPE_BANNED: tuple[Callable[..., Any], ...] = (
+    *defined_in(rope_library),
+    deepseek_v3.rotate,
+    deepseek_v3.rope_speeds,
+)
 _NO_APPLY_ROPE = "write the rotation yourself, without mha.apply_rope."
 ROPE = Exercise(
     "check_rope",
@@ -129,14 +144,16 @@ ROPE = Exercise(
         ),
         (mha.apply_rope, _NO_APPLY_ROPE),
         (lambda x, positions: mha.apply_rope(x, positions), _NO_APPLY_ROPE),
+        (_rope_by_private_helper, _NO_APPLY_ROPE),
     ),
     hint=_HINT_ROPE,
     crash_hint="x is (..., L, D) and positions (L,): the angles positions[:, None] * theta are "
     "(L, D/2) and broadcast over the leading dims.",
     atol=1e-10,
     rtol=1e-8,
-    forbidden=(mha.apply_rope,),
+    forbidden=ROPE_BANNED,
     forbidden_hint=_NO_APPLY_ROPE,
+    rewrites=(mha.apply_rope,),
     params=("rope",),
     doc="Check ``rope(x, positions) -> (..., L, D)``: x ``(..., L, D)`` rotated by RoPE with "
     "base 10000 and rotate-half pairs, ``positions`` an integer tensor ``(L,)``.",

@@ -16,8 +16,9 @@ import torch
 from torch import Tensor
 
 import mha
+from mha import kv_quant
 
-from .._harness import Case, Exercise, publish
+from .._harness import Case, Exercise, defined_in, publish
 
 # --- quantise per token / per channel ------------------------------------------------------------
 
@@ -58,7 +59,18 @@ _HINT_TOKEN = (
     "Per token: scale = x.abs().amax(dim=-1, keepdim=True) / 127, shape (..., S, 1); "
     "data = (x / scale).round().to(torch.int8)."
 )
-_NO_QUANTIZE = "write it yourself, without mha.quantize_kv."
+_NO_QUANTIZE = "write it yourself, without mha.quantize_kv (or any function of mha.kv_quant)."
+#: Every function of mha.kv_quant (QuantizedKV's generated helpers too) and torch's quantizers.
+QUANT_BANNED: tuple[Callable[..., Any], ...] = (
+    *defined_in(kv_quant),
+    torch.quantize_per_tensor,
+    torch.quantize_per_channel,
+)
+
+
+def _by_private_make(x: Tensor, dim: int) -> tuple[Tensor, Tensor]:
+    """The pair built through QuantizedKV's private _make: mha.kv_quant reached around its ban."""
+    return tuple(kv_quant.QuantizedKV._make(_absmax(x, dim)))  # type: ignore[return-value]
 
 
 def _quantize_exercise(
@@ -87,8 +99,9 @@ def _quantize_exercise(
         exact_dtype=True,
         atol=1e-6,
         rtol=1e-5,
-        forbidden=(mha.quantize_kv,),
+        forbidden=QUANT_BANNED,
         forbidden_hint=_NO_QUANTIZE,
+        rewrites=(mha.quantize_kv,),
         params=(fn,),
         doc=doc,
     )
@@ -130,6 +143,7 @@ PER_TOKEN = _quantize_exercise(
             "around to -128. Divide by 127. " + _HINT_TOKEN,
         ),
         (lambda x: tuple(mha.quantize_kv(x)), _NO_QUANTIZE),
+        (lambda x: _by_private_make(x, -1), _NO_QUANTIZE),
     ),
     hint=_HINT_TOKEN,
     doc="Check ``quantize_per_token(x) -> (data, scale)``: absmax int8 quantisation of keys or "
@@ -169,6 +183,7 @@ PER_CHANNEL = _quantize_exercise(
             ".to(torch.int8) truncates towards 0: round first. " + _HINT_CHANNEL,
         ),
         (lambda x: tuple(mha.quantize_kv(x, granularity="channel")), _NO_QUANTIZE),
+        (lambda x: _by_private_make(x, -2), _NO_QUANTIZE),
     ),
     hint=_HINT_CHANNEL,
     doc="Check ``quantize_per_channel(x) -> (data, scale)``: absmax int8 quantisation with one "
@@ -213,10 +228,15 @@ CACHE_BYTES = Exercise(
     _bytes_reference,
     _bytes_cases,
     variants=(
-        _bytes_by_cache,
         lambda B, Hkv, S, D, g: 2 * B * Hkv * (S * D + 4 * {"token": S, "channel": D}[g]),
+        lambda B, Hkv, S, D, g: sum(
+            n * size
+            for n, size in ((2 * B * Hkv * S * D, 1), (2 * B * Hkv * (S if g == "token" else D), 4))
+        ),
     ),
     mistakes=(
+        (_bytes_by_cache, _NO_QUANTIZE),
+        (lambda B, Hkv, S, D, g: _by_private_make(torch.zeros(B, Hkv, S, D), -1), _NO_QUANTIZE),
         (
             lambda B, Hkv, S, D, g: 2 * B * Hkv * S * D,
             "The scales take memory too: a float32 (4 bytes) per token or per channel. "
@@ -238,6 +258,9 @@ CACHE_BYTES = Exercise(
     ),
     hint=_HINT_BYTES,
     crash_hint=_HINT_BYTES,
+    forbidden=QUANT_BANNED,
+    forbidden_hint=_NO_QUANTIZE,
+    rewrites=(mha.quantize_kv,),  # its QuantizedKV counts its own nbytes
     params=("cache_bytes",),
     doc="Check ``cache_bytes(B, Hkv, S, D, granularity) -> int``: the bytes an int8 KV cache "
     "of ``S`` positions holds with float32 scales per ``'token'`` or per ``'channel'``.",

@@ -15,10 +15,12 @@ import itertools
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention.bias import causal_lower_right
 
 import mha
+from mha import chunked_prefill, masks, varlen
 
-from .._harness import Case, Exercise, publish, randn64
+from .._harness import Case, Exercise, defined_in, publish, randn64
 
 # --- cu_seqlens from the lengths ----------------------------------------------------------------
 
@@ -40,6 +42,18 @@ _HINT_CU = (
     "cu_seqlens holds B + 1 int32 offsets: 0, then the running total of the lengths, ending at "
     "the packed length; sequence b is packed[cu_seqlens[b]:cu_seqlens[b + 1]]."
 )
+
+_NO_VARLEN_MODULE = "write it yourself, without mha.varlen (pack, unpack, varlen_attention ...)."
+#: Every function of mha.varlen and of chunked prefill, which packs sequences too.
+VARLEN_BANNED = (*defined_in(varlen), *defined_in(chunked_prefill))
+
+
+def _cu_by_private_helper(lengths: list[int]) -> Tensor:
+    """The offsets read off mha.varlen's private per-sequence helper, called on each sequence."""
+    empty = torch.zeros(0, 1, 1)
+    sizes = [varlen._attend_one(empty, empty, empty, 1, False, 1.0).shape[0] + n for n in lengths]
+    return F.pad(torch.tensor(sizes).cumsum(0), (1, 0)).to(torch.int32)
+
 
 CU_SEQLENS = Exercise(
     "check_cu_seqlens",
@@ -73,10 +87,15 @@ CU_SEQLENS = Exercise(
             "The values are right, the dtype is not: FlashAttention's kernels read cu_seqlens as "
             "int32 (.to(torch.int32)).",
         ),
+        (lambda lengths: varlen.pack([torch.zeros(n, 1) for n in lengths])[1], _NO_VARLEN_MODULE),
+        (_cu_by_private_helper, _NO_VARLEN_MODULE),
     ),
     hint=_HINT_CU,
     crash_hint=_HINT_CU,
     exact_dtype=True,
+    forbidden=VARLEN_BANNED,
+    forbidden_hint=_NO_VARLEN_MODULE,
+    rewrites=(varlen.pack,),  # pack returns the packed tensor and its cu_seqlens
     params=("cu_seqlens",),
     doc="Check ``cu_seqlens(lengths) -> (B + 1,) int32``: the offsets of packed sequences of "
     "the given lengths (a list of ints).",
@@ -147,12 +166,17 @@ BOTTOM_RIGHT = Exercise(
             lambda L, S: mha.causal_mask_bottom_right(L, S),
             "write it yourself, without mha.causal_mask_bottom_right.",
         ),
+        (
+            lambda L, S: masks._causal_mask(L, S, diagonal=S - L),
+            "write it yourself, without mha.causal_mask_bottom_right.",
+        ),
     ),
     hint=_HINT_BR,
     crash_hint=_HINT_BR,
     exact_dtype=True,
-    forbidden=(mha.causal_mask_bottom_right,),
+    forbidden=(*defined_in(masks), causal_lower_right),
     forbidden_hint="write it yourself, without mha.causal_mask_bottom_right.",
+    rewrites=(mha.causal_mask_bottom_right, causal_lower_right),
     params=("bottom_right_causal",),
     doc="Check ``bottom_right_causal(L, S) -> (L, S) bool``: the causal keep-mask aligned "
     "bottom-right, as FlashAttention >= 2.1 and ``mha.varlen_attention`` use it.",
@@ -229,11 +253,22 @@ def _packed_no_transpose(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) ->
     return out
 
 
+def _packed_by_private_helper(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """mha.varlen's private per-sequence helper, reached around varlen_attention."""
+    starts = cu_seqlens.tolist()
+    scale = q.shape[-1] ** -0.5
+    parts = [
+        varlen._attend_one(q[a:b], k[a:b], v[a:b], 1, True, scale)
+        for a, b in zip(starts, starts[1:])
+    ]
+    return torch.cat(parts)
+
+
 _HINT_PACKED = (
     "Sequence b is rows cu_seqlens[b]:cu_seqlens[b + 1] of q, k and v; attend causally within "
     "those rows only, with the heads in front: (L, H, D).transpose(0, 1) -> (H, L, D)."
 )
-_NO_VARLEN = "write it yourself, without mha.varlen_attention."
+_NO_VARLEN = "write it yourself, without mha.varlen_attention (or any function of mha.varlen)."
 
 PACKED_CAUSAL = Exercise(
     "check_packed_causal",
@@ -261,13 +296,15 @@ PACKED_CAUSAL = Exercise(
             lambda q, k, v, cu: mha.varlen_attention(q, k, v, cu, cu, is_causal=True),
             _NO_VARLEN,
         ),
+        (_packed_by_private_helper, _NO_VARLEN),
     ),
     hint=_HINT_PACKED,
     crash_hint=_HINT_PACKED,
     atol=1e-10,
     rtol=1e-8,
-    forbidden=(mha.varlen_attention,),
+    forbidden=VARLEN_BANNED,
     forbidden_hint=_NO_VARLEN,
+    rewrites=(mha.varlen_attention,),
     params=("packed_causal",),
     doc="Check ``packed_causal(q, k, v, cu_seqlens) -> (total, H, D)``: causal self-attention "
     "over packed sequences ``(total, H, D)``, each attending only within itself.",

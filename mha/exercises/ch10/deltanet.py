@@ -4,9 +4,10 @@
   from the unfaded memory, the fading after the write, no correction (linear attention), no
   ``beta``, ``g`` used as a factor instead of a log, and ``mha.gated_delta_rule``, banned;
 * the half-life of a constant gate; mistakes: 1/e instead of 1/2, the sign, log10, a linear fade;
-* the corrections of a chunk as one triangular solve; mistakes: the decay left out, the
-  diagonal counted twice, ``beta`` on the wrong index or left out, the sign of the system, no
-  system at all;
+* the corrections of a chunk as one triangular solve, checked as one (a solver called, as many
+  torch calls for 16 tokens as for 8); mistakes: the decay left out, the diagonal counted twice,
+  ``beta`` on the wrong index or left out, the sign of the system, no system at all, the token
+  recurrence instead of the solve, and ``mha.gated_delta_rule`` and its private helpers, banned;
 * the decoding memory of a hybrid stack (Qwen3-Next); mistakes: every layer a softmax layer,
   the states grown with the length, only keys cached, the states sized by key heads, ``Dk + Dv``
   for ``Dk · Dv``, the layer types ignored.
@@ -15,17 +16,24 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 import mha
+from mha import gated_delta
+from mha.models import gated_deltanet
 
-from .._harness import Case, Exercise, publish, randn64, slipped, whole
+from .._harness import Case, Exercise, defined_in, publish, randn64, slipped, tr, whole
 
 _NO_GATED_DELTA = "write the step yourself, without mha.gated_delta_rule."
+#: Every function of mha.gated_delta (the rule, its recurrence and chunked form) and of the
+#: Qwen3-Next layer built on it.
+DELTA_BANNED = (*defined_in(gated_delta), *defined_in(gated_deltanet))
 
 # --- one step of the gated delta rule -------------------------------------------------------------
 
@@ -84,6 +92,21 @@ _HINT_STEP = (
 )
 
 
+def _step_by_private_recurrence(state, k, v, g, beta) -> Tensor:
+    """mha.gated_delta's private token loop on one token, reached around gated_delta_rule."""
+    Dk, Dv = state.shape[-2:]
+    k1, v1 = k.reshape(1, -1, 1, Dk), v.reshape(1, -1, 1, Dv)  # (1, N, 1, D): one token
+    _, new = gated_delta._recurrent(
+        k1,
+        k1,
+        v1,
+        g.reshape(1, -1, 1),
+        beta.reshape(1, -1, 1),
+        state.reshape(1, -1, Dk, Dv),
+    )
+    return new.reshape(state.shape)
+
+
 DELTA_STEP = Exercise(
     "check_delta_step",
     "one step of the gated delta rule on batches of memories, Dk ≠ Dv included",
@@ -92,6 +115,7 @@ DELTA_STEP = Exercise(
     variants=(lambda *args: _step_slip(*args), _step_by_matrices),
     mistakes=(
         (mha.gated_delta_rule, _NO_GATED_DELTA),
+        (_step_by_private_recurrence, _NO_GATED_DELTA),
         (
             slipped(_step_slip, "no_fade"),
             "The gate is missing: the memory first fades, multiplied by exp(g) ≤ 1. " + _HINT_STEP,
@@ -124,8 +148,9 @@ DELTA_STEP = Exercise(
     hint=_HINT_STEP,
     crash_hint="state is (..., Dk, Dv), k (..., Dk), v (..., Dv), g and beta (...): add the "
     "missing dims with [..., None] before broadcasting.",
-    forbidden=(mha.gated_delta_rule,),
+    forbidden=DELTA_BANNED,
     forbidden_hint=_NO_GATED_DELTA,
+    rewrites=(mha.gated_delta_rule,),
     params=("delta_step",),
     doc="Check ``delta_step(state, k, v, g, beta) -> new_state``: one token of the gated delta "
     "rule, state ``(..., Dk, Dv)``, k ``(..., Dk)``, v ``(..., Dv)``, g and beta ``(...)``.",
@@ -187,6 +212,7 @@ HALF_LIFE = Exercise(
     ),
     hint=_HINT_HALF_LIFE,
     crash_hint="g is a tensor of log-decays (any shape); return a tensor of the same shape.",
+    rewrites=(),  # arithmetic
     params=("half_life",),
     doc="Check ``half_life(g) -> tokens``: how many tokens a constant log-decay ``g < 0`` takes "
     "to halve the memory, elementwise over a tensor.",
@@ -235,16 +261,110 @@ def _corrections_slip(k: Tensor, v: Tensor, g: Tensor, beta: Tensor, **slip: Any
     return torch.linalg.solve(T, beta.unsqueeze(-1) * v)  # (..., C, Dv)
 
 
+def _corrections_inputs(gen: torch.Generator, batch: tuple[int, ...], C: int, Dk: int, Dv: int):
+    k, v = _unit(gen, *batch, C, Dk), randn64(gen, *batch, C, Dv)
+    g = -torch.rand((*batch, C), generator=gen, dtype=torch.float64)  # log-decays in (-1, 0]
+    beta = torch.rand((*batch, C), generator=gen, dtype=torch.float64) * 0.8 + 0.2
+    return k, v, g, beta
+
+
 def _corrections_cases() -> list[Case]:
     gen = torch.Generator().manual_seed(1005)
     cases = []
     for batch, C, Dk, Dv in (((), 4, 3, 2), ((2, 3), 8, 8, 5), ((4,), 16, 6, 7)):
-        k, v = _unit(gen, *batch, C, Dk), randn64(gen, *batch, C, Dv)
-        g = -torch.rand((*batch, C), generator=gen, dtype=torch.float64)  # log-decays in (-1, 0]
-        beta = torch.rand((*batch, C), generator=gen, dtype=torch.float64) * 0.8 + 0.2
         label = f"corrections(k {(*batch, C, Dk)}, v {(*batch, C, Dv)}, g, beta)"
-        cases.append(Case(label, (k, v, g, beta)))
+        cases.append(Case(label, _corrections_inputs(gen, batch, C, Dk, Dv)))
     return cases
+
+
+#: What counts as solving the chunk's system at once.
+SOLVERS = (
+    torch.linalg.solve_triangular,
+    torch.linalg.solve,
+    torch.linalg.solve_ex,
+    torch.linalg.inv,
+    torch.linalg.inv_ex,
+    torch.linalg.lu_solve,
+    torch.triangular_solve,
+    torch.inverse,
+    Tensor.inverse,
+)
+
+
+class _Calls(TorchFunctionMode):
+    """Counts the torch calls made while it is active, and notes a call of a solver."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count, self.solved = 0, False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.count += 1
+        self.solved = self.solved or any(func is f for f in SOLVERS)
+        return func(*args, **(kwargs or {}))
+
+
+class TokenLoop(Exception):
+    """The answer's torch calls grow with the chunk's length: it walks the tokens."""
+
+
+class NoSolve(Exception):
+    """The answer never called a linear solver."""
+
+
+def _counted(answer: Callable[..., Any], args: tuple) -> tuple[Any, _Calls]:
+    calls = _Calls()
+    with calls:
+        out = answer(*(t.clone() for t in args))
+    return out, calls
+
+
+def _corrections_run(answer: Callable[..., Any], case: Case) -> object:
+    """The answer's corrections; on the chunk of 16 tokens, also its torch calls compared with
+    those it makes on a chunk of 8 (same batch and head dims), and whether it solved a system."""
+    out, calls = _counted(answer, case.args)
+    k = case.args[0]
+    if out is None or k.shape[-2] != 16:
+        return out
+    twin = _corrections_inputs(torch.Generator().manual_seed(16), tuple(k.shape[:-2]), 8, 6, 7)
+    _, shorter = _counted(answer, twin)
+    if calls.count != shorter.count:
+        message = "made more torch calls for a chunk of 16 tokens than for one of 8: a loop over the tokens"
+        raise TokenLoop(tr(message))
+    if not calls.solved:
+        message = "never called a linear solver (torch.linalg.solve_triangular, solve or inv)"
+        raise NoSolve(tr(message))
+    return out
+
+
+def _corrections_by_inverse(k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> Tensor:
+    """T⁻¹ once, then one product: the same system, solved through its inverse."""
+    C = k.shape[-2]
+    gamma = g.cumsum(-1)[..., :, None]  # (..., C, 1)
+    earlier = torch.arange(C)[None, :] < torch.arange(C)[:, None]  # (C, C): s < t
+    decay = torch.where(earlier, (gamma - gamma.mT).clamp(max=0).exp(), 0.0)  # (..., C, C)
+    T = torch.eye(C, dtype=k.dtype) + beta[..., :, None] * (k @ k.mT) * decay
+    return torch.linalg.inv(T) @ (beta[..., None] * v)  # (..., C, Dv)
+
+
+def _corrections_by_library(k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> Tensor:
+    """gated_delta_rule read with q = k: out_t = v_t - u_t/β_t + u_t, so u_t follows."""
+    C, Dk, Dv = k.shape[-2], k.shape[-1], v.shape[-1]
+    k4, v4 = k.reshape(1, -1, C, Dk), v.reshape(1, -1, C, Dv)  # (1, N, C, D)
+    out = mha.gated_delta_rule(k4 * Dk**0.5, k4, v4, g.reshape(1, -1, C), beta.reshape(1, -1, C))
+    assert isinstance(out, Tensor)
+    b = beta[..., None]
+    return b * (out.reshape(*v.shape[:-1], Dv) - v) / (b - 1)
+
+
+def _corrections_by_private_helper(k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> Tensor:
+    """mha.gated_delta's private token loop, reached around gated_delta_rule, read as above."""
+    C, Dk, Dv = k.shape[-2], k.shape[-1], v.shape[-1]
+    k4, v4 = k.reshape(1, -1, C, Dk), v.reshape(1, -1, C, Dv)  # (1, N, C, D)
+    state = k.new_zeros(1, k4.shape[1], Dk, Dv)
+    out, _ = gated_delta._recurrent(k4, k4, v4, g.reshape(1, -1, C), beta.reshape(1, -1, C), state)
+    b = beta[..., None]
+    return b * (out.reshape(*v.shape[:-1], Dv) - v) / (b - 1)
 
 
 _HINT_CORRECTIONS = (
@@ -252,14 +372,23 @@ _HINT_CORRECTIONS = (
     "(k_t·k_s) u_s): move the sum to the left, (I + A) u = β v with A[t, s] = β_t e^{γ_t-γ_s} "
     "k_t·k_s for s < t (0 on and above the diagonal), and solve the triangular system."
 )
+_CORRECTIONS_SOLVE = (
+    "Right values, but the exercise is the chunk form: build the whole chunk's system "
+    "(I + A) u = β v with tensor operations and solve it once "
+    "(torch.linalg.solve_triangular), with no loop over the chunk's tokens."
+)
+_NO_CHUNKED = (
+    "solve the chunk yourself, without mha.gated_delta_rule (or any function of mha.gated_delta)."
+)
 
 
 CHUNK_CORRECTIONS = Exercise(
     "check_chunk_corrections",
-    "every token's correction u_t of a chunk from one triangular solve",
+    "every token's correction u_t of a chunk; a linear solver called, and as many torch calls "
+    "for 16 tokens as for 8 (no loop over the tokens)",
     _corrections_reference,
     _corrections_cases,
-    variants=(_corrections_by_recurrence, lambda *args: _corrections_slip(*args)),
+    variants=(lambda *args: _corrections_slip(*args), _corrections_by_inverse),
     mistakes=(
         (
             slipped(_corrections_slip, "no_system"),
@@ -290,13 +419,21 @@ CHUNK_CORRECTIONS = Exercise(
             slipped(_corrections_slip, "minus"),
             "Moving the subtracted sum to the left gives I + A, not I - A. " + _HINT_CORRECTIONS,
         ),
+        (_corrections_by_recurrence, _CORRECTIONS_SOLVE),
+        (_corrections_by_library, _NO_CHUNKED),
+        (_corrections_by_private_helper, _NO_CHUNKED),
     ),
     hint=_HINT_CORRECTIONS,
     crash_hint="k is (..., C, Dk), v (..., C, Dv), g and beta (..., C); "
     "torch.linalg.solve_triangular(T, B, upper=False) solves T X = B for a lower-triangular T.",
+    call=_corrections_run,
+    forbidden=DELTA_BANNED,
+    forbidden_hint=_NO_CHUNKED,
+    rewrites=(mha.gated_delta_rule,),
     params=("corrections",),
     doc="Check ``corrections(k, v, g, beta) -> u (..., C, Dv)``: the corrections of a chunk that "
-    "starts from an empty memory, k ``(..., C, Dk)``, v ``(..., C, Dv)``, g and beta ``(..., C)``.",
+    "starts from an empty memory, k ``(..., C, Dk)``, v ``(..., C, Dv)``, g and beta ``(..., C)``; "
+    "by one linear solve (torch.linalg.solve_triangular), without a loop over the tokens.",
 )
 
 # --- the decoding memory of a hybrid stack --------------------------------------------------------
@@ -435,6 +572,7 @@ DECODE_MEMORY = Exercise(
     "num_key_value_heads, head_dim, linear_num_value_heads, linear_key_head_dim, "
     "linear_value_head_dim); return an int.",
     convert=whole,
+    rewrites=(),  # arithmetic over a config: mha has no hybrid-memory function
     params=("decode_memory",),
     doc="Check ``decode_memory(config, seq_len, bytes_per_element) -> int``: the bytes a hybrid "
     "stack keeps to decode one sequence of ``seq_len`` tokens (KV cache of the full-attention "

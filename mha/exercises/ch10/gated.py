@@ -19,8 +19,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import mha
+from mha import norms
+from mha import rope as rope_library
+from mha.models import deepseek_v3, gated_deltanet, qwen3_next
 
-from .._harness import Case, Exercise, publish, randn64
+from .._harness import Case, Exercise, defined_in, publish, randn64
 
 # --- splitting q_proj's output into queries and gates -----------------------------------------------
 
@@ -100,6 +103,7 @@ QUERY_GATE_SPLIT = Exercise(
     ),
     hint=_HINT_SPLIT,
     outputs=("q", "gate"),
+    rewrites=(),  # Qwen3-Next's layer splits inline in its forward; no function does only this
     params=("split",),
     doc="Check ``split(proj, num_heads, head_dim) -> (q (B, H, L, D), gate (B, L, H·D))``.",
 )
@@ -140,6 +144,10 @@ _HINT_QK_NORM = (
     "multiply by the gain 1 + weight (Qwen3-Next stores the gain minus 1)."
 )
 
+_NO_RMS_NORM = (
+    "normalise by hand: no F.rms_norm, nn.RMSNorm or mha.rms_norm (nor Qwen3-Next's modules)."
+)
+
 QK_NORM = Exercise(
     "check_qk_norm",
     "RMSNorm over each head's D coordinates, gain 1 + weight",
@@ -160,8 +168,21 @@ QK_NORM = Exercise(
             _qk_norm_slip(layer_norm=True),
             "This is a LayerNorm: RMSNorm does not subtract the mean. " + _HINT_QK_NORM,
         ),
+        (lambda x, weight, eps: F.rms_norm(x, (x.shape[-1],), 1 + weight, eps=eps), _NO_RMS_NORM),
+        (lambda x, weight, eps: mha.rms_norm(x, 1 + weight, eps=eps), _NO_RMS_NORM),
+        (lambda x, weight, eps: norms._rms_norm(x, 1 + weight, eps), _NO_RMS_NORM),
     ),
     hint=_HINT_QK_NORM,
+    forbidden=(
+        F.rms_norm,
+        torch.rms_norm,
+        torch.nn.RMSNorm.forward,
+        *defined_in(norms),
+        *defined_in(qwen3_next),
+        *defined_in(gated_deltanet),
+    ),
+    forbidden_hint=_NO_RMS_NORM,
+    rewrites=(F.rms_norm, mha.rms_norm),
     params=("qk_norm",),
     doc="Check ``qk_norm(x, weight, eps) -> x`` normalised per head with gain ``1 + weight``.",
 )
@@ -234,6 +255,12 @@ PARTIAL_ROPE = Exercise(
     mistakes=(
         (lambda x, p, R: mha.apply_rope(x, p, rotary_dim=R), _NO_APPLY_ROPE),
         (
+            lambda x, p, R: torch.cat(
+                [rope_library._apply_rope(x[..., :R], p, 10000.0), x[..., R:]], -1
+            ),
+            _NO_APPLY_ROPE,
+        ),
+        (
             lambda x, p, R: _partial_rope(x, p, R, all=True),
             "Every coordinate was rotated: partial RoPE turns only the first rotary_dim. "
             + _HINT_PARTIAL,
@@ -255,8 +282,9 @@ PARTIAL_ROPE = Exercise(
         ),
     ),
     hint=_HINT_PARTIAL,
-    forbidden=(mha.apply_rope,),
+    forbidden=(*defined_in(rope_library), deepseek_v3.rotate, *defined_in(qwen3_next)),
     forbidden_hint=_NO_APPLY_ROPE,
+    rewrites=(mha.apply_rope,),
     params=("rope",),
     doc="Check ``rope(x, positions, rotary_dim) -> (..., L, D)``, RoPE on the first coordinates.",
 )

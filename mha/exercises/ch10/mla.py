@@ -14,7 +14,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .._harness import Case, Exercise, publish, randn64, whole
+from mha.models import deepseek_v3
+
+from .._harness import Case, Exercise, defined_in, publish, randn64, whole
 
 # --- absorbing W_UK into the query ----------------------------------------------------------------
 
@@ -104,6 +106,7 @@ ABSORB_QUERY = Exercise(
     ),
     hint=_HINT_ABSORB,
     crash_hint="q_nope is (B, H, L, Dn) and kv_b_weight (H·(Dn + Dv), C); return (B, H, L, C).",
+    rewrites=(),  # DeepSeek's modules absorb inside their whole attention, no function of this
     params=("absorb_query",),
     doc="Check ``absorb_query(q_nope, kv_b_weight, qk_nope_head_dim) -> (B, H, L, C)``.",
 )
@@ -164,6 +167,7 @@ ABSORB_VALUES = Exercise(
     hint=_HINT_VALUES,
     crash_hint="weighted_latent is (B, H, L, C) and kv_b_weight (H·(Dn + Dv), C); return "
     "(B, H, L, Dv).",
+    rewrites=(),  # as absorb_query: only inside the modules' whole attention
     params=("absorb_values",),
     doc="Check ``absorb_values(weighted_latent, kv_b_weight, qk_nope_head_dim) -> (B, H, L, Dv)``.",
 )
@@ -204,6 +208,15 @@ _HINT_COST = (
     "all heads."
 )
 
+_NO_COST = "count it yourself, without mha.models.deepseek_v3 (absorbed_decode_cost ...)."
+
+
+def _cost_by_private_helper(H: int, C: int, R: int, nb: int) -> tuple[int, int]:
+    """The sizes read through DeepSeek's module's private config reader, the counts by hand."""
+    deepseek_v3._rope_config({"rope_theta": 10000.0, "rope_scaling": None})
+    return _decode_cost_reference(H, C, R, nb)
+
+
 MLA_DECODE_COST = Exercise(
     "check_mla_decode_cost",
     "FLOPs and bytes per cached token of an absorbed MLA decode step",
@@ -242,12 +255,20 @@ MLA_DECODE_COST = Exercise(
             lambda H, C, R, nb: (H * (2 * (C + R) + 2 * C), C + R),
             "These are numbers, not bytes: multiply by bytes_per_element.",
         ),
+        (
+            lambda H, C, R, nb: deepseek_v3.absorbed_decode_cost(H, C, R, bytes_per_element=nb),
+            _NO_COST,
+        ),
+        (_cost_by_private_helper, _NO_COST),
     ),
     hint=_HINT_COST,
     crash_hint="mla_decode_cost(num_heads, kv_lora_rank, qk_rope_head_dim, bytes_per_element) "
     "returns two ints: (flops, bytes) per cached token.",
     convert=whole,
     outputs=("flops", "bytes"),
+    forbidden=tuple(defined_in(deepseek_v3)),
+    forbidden_hint=_NO_COST,
+    rewrites=(deepseek_v3.absorbed_decode_cost,),
     params=("mla_decode_cost",),
     doc="Check ``mla_decode_cost(num_heads, kv_lora_rank, qk_rope_head_dim, bytes_per_element) "
     "-> (flops, bytes)`` per cached token of an absorbed decode step.",

@@ -19,8 +19,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import mha
+from mha import attention, chunked_prefill, flash, masks
+from mha import rope as rope_library
+from mha.models import deepseek_v3, gpt_oss
 
-from .._harness import Case, Exercise, publish, randn64
+from .._harness import Case, Exercise, defined_in, publish, randn64
 
 # --- attention with a sink ------------------------------------------------------------------------
 
@@ -79,6 +82,11 @@ _HINT_SINK = (
     "column and multiply the S key weights by v: the sink takes mass and hands over no value."
 )
 
+_NO_SINKS = (
+    "write the sink yourself: no function of mha.attention (mha.scaled_dot_product_attention "
+    "takes sinks=), mha.flash or gpt-oss's module."
+)
+
 SINK_ATTENTION = Exercise(
     "check_sink_attention",
     "equals torch's attention scaled by the mass the sink leaves, 1 - p_sink",
@@ -100,8 +108,23 @@ SINK_ATTENTION = Exercise(
             _sink_slip(value_ones=True),
             "The sink hands over no value (a zero vector), not ones. " + _HINT_SINK,
         ),
+        (lambda q, k, v, sinks: mha.scaled_dot_product_attention(q, k, v, sinks=sinks), _NO_SINKS),
+        (
+            lambda q, k, v, sinks: attention._attention(
+                q, k, v, None, 0.0, False, q.shape[-1] ** -0.5, sinks=sinks
+            ),
+            _NO_SINKS,
+        ),
     ),
     hint=_HINT_SINK,
+    forbidden=(
+        *defined_in(attention),
+        *defined_in(flash),
+        *defined_in(chunked_prefill),
+        *defined_in(gpt_oss),
+    ),
+    forbidden_hint=_NO_SINKS,
+    rewrites=(mha.scaled_dot_product_attention,),  # its sinks= does what the learner writes
     params=("attend",),
     doc="Check ``attend(q, k, v, sinks) -> (B, H, L, Dv)``: attention with a sink logit per head.",
 )
@@ -151,6 +174,18 @@ _HINT_STREAMING = (
     "or j is among the window most recent tokens, i - j < window (itself included)."
 )
 
+
+def _streaming_by_library_window(L: int, window: int, num_sinks: int) -> Tensor:
+    """mha.sliding_window_mask for the window, the first columns added by hand."""
+    first = torch.arange(L)[None, :] < num_sinks  # (1, L)
+    causal = torch.arange(L)[None, :] <= torch.arange(L)[:, None]  # (L, L)
+    return mha.sliding_window_mask(L, window=window) | first & causal
+
+
+_NO_MASKS = (
+    "build the mask yourself, without mha.sliding_window_mask (or any function of mha.masks)."
+)
+
 STREAMING_MASK = Exercise(
     "check_streaming_mask",
     "StreamingLLM's keep-mask: the first tokens and a causal window",
@@ -173,8 +208,19 @@ STREAMING_MASK = Exercise(
             "An early query sees a first token that comes after it: the sink tokens must obey "
             "causality too. " + _HINT_STREAMING,
         ),
+        (_streaming_by_library_window, _NO_MASKS),
+        (
+            lambda L, window, num_sinks: (
+                masks._causal_mask(L, L) & ~masks._causal_mask(L, L, diagonal=-window)
+                | masks._causal_mask(L, L) & (torch.arange(L) < num_sinks)
+            ),
+            _NO_MASKS,
+        ),
     ),
     hint=_HINT_STREAMING,
+    forbidden=tuple(defined_in(masks)),
+    forbidden_hint=_NO_MASKS,
+    rewrites=(mha.sliding_window_mask,),  # the window part; the sinks are the learner's
     params=("streaming_mask",),
     doc="Check ``streaming_mask(L, window, num_sinks) -> (L, L)`` bool keep-mask.",
 )
@@ -234,7 +280,18 @@ _HINT_YARN = (
     "r_i = clamp((i - low) / (high - low), 0, 1) and the speed is θ_i·(1 - r_i) + θ_i/factor·r_i."
 )
 
-_NO_YARN_FREQUENCIES = "compute the speeds yourself, without mha.yarn_frequencies."
+_NO_YARN_FREQUENCIES = (
+    "compute the speeds yourself, without mha.yarn_frequencies (or any function of mha.rope or "
+    "of DeepSeek's module, whose rope_speeds does YaRN too)."
+)
+
+
+def _yarn_by_private_helper(D: int, base: float, factor: float, L0: int) -> Tensor:
+    """θ from mha.rope's private helper, reached around the public functions; the ramp by hand."""
+    theta = rope_library._rope_frequencies(D, base, torch.float64, None)  # (D/2,)
+    return _yarn_speeds(D, base, factor, L0) / theta * theta
+
+
 YARN_FREQUENCIES = Exercise(
     "check_yarn_frequencies",
     "YaRN's speeds: fast pairs kept, slow pairs interpolated, a ramp between",
@@ -251,6 +308,7 @@ YARN_FREQUENCIES = Exercise(
             )[0],
             _NO_YARN_FREQUENCIES,
         ),
+        (_yarn_by_private_helper, _NO_YARN_FREQUENCIES),
         (
             lambda D, base, factor, L0: _yarn_speeds(D, base, factor, L0, all=True),
             "This is position interpolation: every speed divided by factor. YaRN keeps the fast "
@@ -276,8 +334,9 @@ YARN_FREQUENCIES = Exercise(
         ),
     ),
     hint=_HINT_YARN,
-    forbidden=(mha.yarn_frequencies,),
+    forbidden=(*defined_in(rope_library), *defined_in(deepseek_v3)),
     forbidden_hint=_NO_YARN_FREQUENCIES,
+    rewrites=(mha.yarn_frequencies, deepseek_v3.rope_speeds),
     atol=1e-9,
     rtol=1e-5,
     params=("yarn",),

@@ -14,8 +14,10 @@ import torch
 from torch import Tensor
 
 import mha
+from mha import sparse
+from mha.models import deepseek_v32
 
-from .._harness import Case, Exercise, publish, randn64, whole
+from .._harness import Case, Exercise, defined_in, publish, randn64, whole
 
 # --- the top-k keep-mask --------------------------------------------------------------------------
 
@@ -78,6 +80,13 @@ _HINT_KEEP = (
 )
 _NO_SPARSE = "build the mask yourself, without mha.topk_keep_mask or mha.topk_sparse_attention."
 
+
+def _topk_keep_by_private_helper(index_scores: Tensor, topk: int) -> Tensor:
+    """mha.sparse's private _select, reached around topk_keep_mask; the mask scattered by hand."""
+    idx, valid = sparse._select(index_scores, topk, True)
+    return torch.zeros(index_scores.shape, dtype=torch.bool).scatter(-1, idx, valid)
+
+
 TOPK_KEEP = Exercise(
     "check_topk_keep",
     "each query keeps its topk best visible keys, no future key",
@@ -102,12 +111,14 @@ TOPK_KEEP = Exercise(
             lambda s, k: mha.topk_keep_mask(s, k),
             _NO_SPARSE,
         ),
+        (_topk_keep_by_private_helper, _NO_SPARSE),
     ),
     hint=_HINT_KEEP,
     crash_hint="index_scores is (..., L, S) float; return a bool tensor of the same shape.",
     exact_dtype=True,
-    forbidden=(mha.topk_keep_mask, mha.topk_sparse_attention),
+    forbidden=(*defined_in(sparse), *defined_in(deepseek_v32)),
     forbidden_hint=_NO_SPARSE,
+    rewrites=(mha.topk_keep_mask,),
     params=("topk_keep",),
     doc="Check ``topk_keep(index_scores, topk) -> (..., L, S)`` bool, causal top-k selection.",
 )
@@ -180,6 +191,7 @@ INDEXER_SCORES = Exercise(
     hint=_HINT_INDEXER,
     crash_hint="q is (B, L, Hi, Di), k (B, S, Di) (one key per token, shared by the heads) and "
     "w (B, L, Hi); return (B, L, S).",
+    rewrites=(),  # DeepSeek-V3.2's LightningIndexer scores from x and its weights, not from q, k, w
     params=("indexer_scores",),
     doc="Check ``indexer_scores(q, k, w) -> (B, L, S)``.",
 )
@@ -236,6 +248,7 @@ ATTENTION_PAIRS = Exercise(
     crash_hint="attention_pairs(seq_len, topk) returns two ints: (dense_pairs, sparse_pairs).",
     convert=whole,
     outputs=("dense", "sparse"),
+    rewrites=(),  # arithmetic
     params=("attention_pairs",),
     doc="Check ``attention_pairs(seq_len, topk) -> (dense_pairs, sparse_pairs)``.",
 )
