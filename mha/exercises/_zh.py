@@ -592,7 +592,7 @@ MESSAGES: dict[str, str] = {
     # --- Chapter 9 ---------------------------------------------------------------------------------
     # check_ring_bytes, check_ring_plan, check_ring_simulation (section 9.4)
     "work the plan out yourself, without mha.ring_schedule (or mha.distributed).": "自己排出计划，不要用mha.ring_schedule（或mha.distributed）。",
-    "causal ring attention over 1 to 8 simulated ranks equals one pass (float64); over 8 ranks, no step scored more than one shard of keys, so the partials were merged as they came": "在1到8个模拟rank上的因果环形注意力等于一次完整计算（float64）；在8个rank上，每一步只对一个键分片打分，所以部分结果是随到随合并的",
+    "causal ring attention over 1 to 8 simulated ranks equals one pass (float64); over 8 ranks, no tensor larger than one step's work (a shard's scores, keys or partial) was made": "在1到8个模拟rank上的因果环形注意力等于一次完整计算（float64）；在8个rank上，没有创建比一步的工作量（一个分片的分数、键或部分结果）更大的张量",
     "A rank meets one shard of keys at a time: score its queries against that shard only ((l, l) scores per step, masked causally on the diagonal) and fold the partial into a running out and lse by logsumexp before the next shard arrives. Never score the whole sequence, build an (L, L) mask, or keep every shard's partial for the end.": "一个rank一次只遇到一个键分片：只用这个分片给它的查询打分（每一步(l, l)个分数，对角块上加因果掩码），并在下一个分片到来之前，借助logsumexp把这个部分结果并入滚动的out和lse。绝不要对整个序列打分、构造(L, L)掩码，或者把每个分片的部分结果都留到最后。",
     "made a tensor of {n} numbers or more: more than one step of a rank holds (its queries against one shard of keys)": "创建了一个有{n}个或更多数的张量：超过了一个rank一步所持有的量（它的查询对一个键分片）",
     "the bytes one rank sends, GQA and one rank alone included": "一个rank发送的字节数，包括GQA和只有一个rank的情形",

@@ -378,7 +378,7 @@ _NO_READY_MADE = (
 RING_SIMULATION = Exercise(
     "check_ring_simulation",
     "causal ring attention over 1 to 8 simulated ranks equals one pass (float64); over 8 ranks, "
-    "no step scored more than one shard of keys, so the partials were merged as they came",
+    "no tensor larger than one step's work (a shard's scores, keys or partial) was made",
     _ring_reference,
     _ring_cases,
     variants=(_ring_by_steps, _ring_online),
