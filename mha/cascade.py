@@ -64,47 +64,15 @@ def cascade_attention(
         returns ``(total_q, H, Dv)``. Query head ``i`` reads key/value head ``i // (H // Hkv)``.
     """
     groups = validate.packed_qkv(query, key, value)
-    _check_prefix(prefix_key, prefix_value, key, value)
-    starts_q = validate.cu_seqlens("cu_seqlens_q", cu_seqlens_q, query.shape[0], "query")
-    starts_k = validate.cu_seqlens("cu_seqlens_k", cu_seqlens_k, key.shape[0], "key")
-    if len(starts_q) != len(starts_k):
-        raise ValueError(
-            f"cu_seqlens_q and cu_seqlens_k must describe the same number of sequences, got "
-            f"shapes {validate.shape(cu_seqlens_q)} and {validate.shape(cu_seqlens_k)}"
-        )
+    validate.shared_prefix(prefix_key, prefix_value, key, value)
+    starts_q, starts_k = validate.cu_seqlens_pair(
+        cu_seqlens_q, cu_seqlens_k, query.shape[0], key.shape[0]
+    )
     checked = validate.scale(scale)
     scale = 1.0 / math.sqrt(query.shape[-1]) if checked is None else checked
     return _cascade_attention(
         query, prefix_key, prefix_value, key, value, starts_q, starts_k, scale, groups
     )
-
-
-def _check_prefix(prefix_key: Tensor, prefix_value: Tensor, key: Tensor, value: Tensor) -> None:
-    """The prefix is laid out as the own keys and values, ``(P, Hkv, D)`` and ``(P, Hkv, Dv)``,
-    with their dtype and device (``key`` and ``value`` are already checked)."""
-    validate.tensor("prefix_key", prefix_key, floating=True, ndim=3, layout="(P, Hkv, D)")
-    validate.tensor("prefix_value", prefix_value, floating=True, ndim=3, layout="(P, Hkv, Dv)")
-    if prefix_key.dtype != key.dtype or prefix_value.dtype != key.dtype:
-        raise TypeError(
-            f"prefix_key and prefix_value must have key's dtype {key.dtype}, got "
-            f"{prefix_key.dtype} and {prefix_value.dtype}"
-        )
-    if prefix_key.device != key.device or prefix_value.device != key.device:
-        raise ValueError(
-            f"prefix_key and prefix_value must be on key's device {key.device}, got "
-            f"{prefix_key.device} and {prefix_value.device}"
-        )
-    if (
-        prefix_key.shape[0] != prefix_value.shape[0]
-        or prefix_key.shape[1:] != key.shape[1:]
-        or prefix_value.shape[1:] != value.shape[1:]
-    ):
-        raise ValueError(
-            f"prefix_key (P, Hkv, D) and prefix_value (P, Hkv, Dv) must have one P and key's "
-            f"and value's (Hkv, D) and (Hkv, Dv), got prefix_key {validate.shape(prefix_key)}, "
-            f"prefix_value {validate.shape(prefix_value)}, key {validate.shape(key)} and value "
-            f"{validate.shape(value)}"
-        )
 
 
 def _cascade_attention(

@@ -77,7 +77,7 @@ def paged_varlen_attention(
         Dv)``, block_table ``(B, M)`` int, cu_seqlens_q ``(B + 1,)`` int32, seq_lens ``(B,)``
         int, sinks ``(H,)``; returns ``(total_q, H, Dv)``.
     """
-    starts, lens, scale = _check(
+    starts, lens, scale = validate.paged_varlen(
         query, key_pool, value_pool, block_table, cu_seqlens_q, seq_lens, scale, sinks, window
     )
     return _paged_varlen_attention(
@@ -85,116 +85,9 @@ def paged_varlen_attention(
     )
 
 
-def _check(
-    query: Tensor,
-    key_pool: Tensor,
-    value_pool: Tensor,
-    block_table: Tensor,
-    cu_seqlens_q: Tensor,
-    seq_lens: Tensor,
-    scale: float | None,
-    sinks: Tensor | None,
-    window: int | None,
-) -> tuple[list[int], list[int], float]:
-    """Check the arguments of :func:`paged_varlen_attention`; return the query offsets, the
-    lengths (as ints) and the scale (``1/sqrt(D)`` when ``scale`` is None)."""
-    validate.tensor("query", query, floating=True, ndim=3, layout="(total_q, H, D)")
-    validate.tensor("key_pool", key_pool, floating=True, ndim=4, layout="(N, Hkv, block_size, D)")
-    validate.tensor(
-        "value_pool", value_pool, floating=True, ndim=4, layout="(N, Hkv, block_size, Dv)"
-    )
-    validate.integer_tensor("block_table", block_table, ndim=2)
-    validate.integer_tensor("seq_lens", seq_lens, ndim=1)
-    if len({query.dtype, key_pool.dtype, value_pool.dtype}) > 1:
-        raise TypeError(
-            f"query, key_pool and value_pool must have one dtype, got {query.dtype}, "
-            f"{key_pool.dtype} and {value_pool.dtype}"
-        )
-    tensors = [query, key_pool, value_pool, block_table, cu_seqlens_q, seq_lens]
-    if isinstance(sinks, Tensor):
-        tensors.append(sinks)
-    if len({t.device for t in tensors if isinstance(t, Tensor)}) > 1:
-        raise ValueError(
-            "query, key_pool, value_pool, block_table, cu_seqlens_q, seq_lens (and sinks) must "
-            "be on one device, got "
-            + ", ".join(str(t.device) for t in tensors if isinstance(t, Tensor))
-        )
-    (_, H, D), (N, Hkv, bs, Dk) = query.shape, key_pool.shape
-    if validate.shape(key_pool)[:3] != validate.shape(value_pool)[:3] or D != Dk:
-        raise ValueError(
-            f"key_pool must be (N, Hkv, block_size, D) with query's D and value_pool's "
-            f"(N, Hkv, block_size), got query {validate.shape(query)}, key_pool "
-            f"{validate.shape(key_pool)} and value_pool {validate.shape(value_pool)}"
-        )
-    if Hkv == 0 or H % Hkv:
-        raise ValueError(
-            f"query heads ({H}) must be a multiple of the pools' key/value heads ({Hkv}), got "
-            f"query {validate.shape(query)} and key_pool {validate.shape(key_pool)}"
-        )
-    starts = validate.cu_seqlens("cu_seqlens_q", cu_seqlens_q, query.shape[0], "query")
-    B = len(starts) - 1
-    if block_table.shape[0] != B or seq_lens.shape[0] != B:
-        raise ValueError(
-            f"block_table (B, M) and seq_lens (B,) need cu_seqlens_q's B = {B} sequences, got "
-            f"block_table {validate.shape(block_table)} and seq_lens {validate.shape(seq_lens)}"
-        )
-    lens = [int(n) for n in seq_lens.tolist()]
-    capacity = block_table.shape[1] * bs
-    if any(not 0 <= n <= capacity for n in lens):
-        raise ValueError(
-            f"seq_lens must be in [0, {capacity}] (block_table's {block_table.shape[1]} columns "
-            f"of block_size {bs}), got {lens}"
-        )
-    counts = [b - a for a, b in zip(starts[:-1], starts[1:])]
-    over = [b for b in range(B) if counts[b] > lens[b]]
-    if over:
-        b = over[0]
-        raise ValueError(
-            f"sequence {b} has {counts[b]} queries (cu_seqlens_q) but seq_lens[{b}] = {lens[b]}: "
-            f"the queries are the last positions stored, so there can be at most seq_lens of them"
-        )
-    if window is not None:
-        validate.positive_int("window", window)
-    if sinks is not None:
-        validate.tensor("sinks", sinks, floating=True)
-        if validate.shape(sinks) != (H,):
-            raise ValueError(
-                f"sinks must hold one logit per query head, shape ({H},), got "
-                f"{validate.shape(sinks)} (query {validate.shape(query)})"
-            )
-    _check_blocks_read(block_table, counts, lens, bs, N, window)
-    checked = validate.scale(scale)
-    return starts, lens, 1.0 / math.sqrt(D) if checked is None else checked
-
-
-def _check_blocks_read(
-    block_table: Tensor, counts: list[int], lens: list[int], bs: int, N: int, window: int | None
-) -> None:
-    """Every table entry the call reads is a block of the pool (an entry it skips may be -1)."""
-    first, last = _block_ranges(counts, lens, bs, window)
-    col = torch.arange(block_table.shape[1], device=block_table.device)  # (M,)
-    lo = torch.tensor(first, device=block_table.device)[:, None]  # (B, 1)
-    hi = torch.tensor(last, device=block_table.device)[:, None]  # (B, 1)
-    read = block_table[(col >= lo) & (col < hi)]  # the entries the loop reads
-    if read.numel() and (read.min() < 0 or read.max() >= N):
-        raise ValueError(
-            f"block_table must hold block numbers in [0, {N}) (the pools' N) wherever the "
-            f"queries read, got values from {read.min().item()} to {read.max().item()}"
-        )
-
-
-def _block_ranges(
-    counts: list[int], lens: list[int], bs: int, window: int | None
-) -> tuple[list[int], list[int]]:
-    """The table columns ``[first, last)`` each sequence's queries read (none when ``n_b = 0``):
-    its blocks up to its last position, from the block holding the oldest key in any of its
-    queries' windows."""
-    first, last = [], []
-    for n, S in zip(counts, lens):
-        lo = 0 if window is None else max(0, S - n - window + 1)  # oldest key seen
-        first.append(lo // bs)
-        last.append(math.ceil(S / bs) if n else lo // bs)
-    return first, last
+# The argument checks live in mha.validation; this name stays until the Triton kernel imports
+# them from there.
+_check = validate.paged_varlen
 
 
 def _paged_varlen_attention(
@@ -258,7 +151,7 @@ def _attend_group(
     compute = torch.promote_types(query.dtype, torch.float32)
     q = query.view(Bg, n, Hkv, G, D).permute(0, 2, 3, 1, 4)  # (Bg, Hkv, G, n, D)
     q = (q.reshape(Bg, Hkv, G * n, D) * scale).to(compute)  # (Bg, Hkv, G·n, D), row g·n + i
-    first, last = _block_ranges([n] * Bg, lens, bs, window)
+    first, last = validate.blocks_read([n] * Bg, lens, bs, window)
     steps = max(b - a for a, b in zip(first, last))  # blocks of the longest range
     per_step = max(
         1,

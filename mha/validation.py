@@ -256,6 +256,48 @@ def cu_seqlens(name: str, value: Any, total: int, total_name: str) -> list[int]:
     return offsets
 
 
+def cu_seqlens_pair(
+    cu_seqlens_q: Any, cu_seqlens_k: Any, total_q: int, total_k: int
+) -> tuple[list[int], list[int]]:
+    """Query and key ``cu_seqlens`` (see :func:`cu_seqlens`) of the same sequences, ending at the
+    packed lengths of query and key; returns both as lists of ints."""
+    starts_q = cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, "query")
+    starts_k = cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, "key")
+    if len(starts_q) != len(starts_k):
+        raise ValueError(
+            f"cu_seqlens_q and cu_seqlens_k must describe the same number of sequences, got "
+            f"shapes {shape(cu_seqlens_q)} and {shape(cu_seqlens_k)}"
+        )
+    return starts_q, starts_k
+
+
+def shared_prefix(prefix_key: Any, prefix_value: Any, key: Tensor, value: Tensor) -> None:
+    """A shared prefix laid out as the checked packed ``key`` and ``value``: ``(P, Hkv, D)`` and
+    ``(P, Hkv, Dv)``, with their dtype and device."""
+    tensor("prefix_key", prefix_key, floating=True, ndim=3, layout="(P, Hkv, D)")
+    tensor("prefix_value", prefix_value, floating=True, ndim=3, layout="(P, Hkv, Dv)")
+    if prefix_key.dtype != key.dtype or prefix_value.dtype != key.dtype:
+        raise TypeError(
+            f"prefix_key and prefix_value must have key's dtype {key.dtype}, got "
+            f"{prefix_key.dtype} and {prefix_value.dtype}"
+        )
+    if prefix_key.device != key.device or prefix_value.device != key.device:
+        raise ValueError(
+            f"prefix_key and prefix_value must be on key's device {key.device}, got "
+            f"{prefix_key.device} and {prefix_value.device}"
+        )
+    if (
+        prefix_key.shape[0] != prefix_value.shape[0]
+        or prefix_key.shape[1:] != key.shape[1:]
+        or prefix_value.shape[1:] != value.shape[1:]
+    ):
+        raise ValueError(
+            f"prefix_key (P, Hkv, D) and prefix_value (P, Hkv, Dv) must have one P and key's "
+            f"and value's (Hkv, D) and (Hkv, Dv), got prefix_key {shape(prefix_key)}, "
+            f"prefix_value {shape(prefix_value)}, key {shape(key)} and value {shape(value)}"
+        )
+
+
 def packed_qkv(query: Any, key: Any, value: Any) -> int:
     """Check packed (varlen) query, key and value; return the group size ``H // Hkv``.
 
@@ -450,33 +492,29 @@ def partials(out: Any, lse: Any) -> None:
         raise ValueError(f"out and lse must be on one device, got {out.device} and {lse.device}")
 
 
-def paged(
-    query: Any, key_pool: Any, value_pool: Any, block_table: Any, seq_lens: Any
+def _pools(
+    query: Tensor, key_pool: Any, value_pool: Any, others: dict[str, Any]
 ) -> tuple[int, int]:
-    """The arguments of :func:`mha.paged_attention`; returns ``(groups, block_size)``.
-
-    Shapes:
-        query ``(B, H, L, D)``, pools ``(N, Hkv, block_size, D)`` and ``(N, Hkv, block_size, Dv)``,
-        block_table ``(B, M)`` of block numbers in ``[0, N)`` (``-1`` past a sequence's blocks),
-        seq_lens ``(B,)`` with ``0 <= seq_lens[b] <= M · block_size``.
-    """
-    tensor("query", query, floating=True, ndim=4, layout="(B, H, L, D)")
+    """The pools of a paged cache beside an already checked ``query`` whose last dim is ``D``
+    and whose heads are ``query.shape[-3]`` (paged) or ``query.shape[1]`` (packed): one dtype,
+    one device with ``others``, ``D`` shared, ``H`` a multiple of ``Hkv``. Returns
+    ``(groups, block_size)``."""
     tensor("key_pool", key_pool, floating=True, ndim=4, layout="(N, Hkv, block_size, D)")
     tensor("value_pool", value_pool, floating=True, ndim=4, layout="(N, Hkv, block_size, Dv)")
-    integer_tensor("block_table", block_table, ndim=2)
-    integer_tensor("seq_lens", seq_lens, ndim=1)
     if len({query.dtype, key_pool.dtype, value_pool.dtype}) > 1:
         raise TypeError(
             f"query, key_pool and value_pool must have one dtype, got {query.dtype}, "
             f"{key_pool.dtype} and {value_pool.dtype}"
         )
-    tensors = (query, key_pool, value_pool, block_table, seq_lens)
-    if len({t.device for t in tensors}) > 1:
+    named = {"query": query, "key_pool": key_pool, "value_pool": value_pool, **others}
+    present = {n: t for n, t in named.items() if isinstance(t, Tensor)}
+    if len({t.device for t in present.values()}) > 1:
         raise ValueError(
-            "query, key_pool, value_pool, block_table and seq_lens must be on one device, got "
-            + ", ".join(str(t.device) for t in tensors)
+            f"{', '.join(present)} must be on one device, got "
+            + ", ".join(str(t.device) for t in present.values())
         )
-    (B, H, _, D), (N, Hkv, bs, Dk) = query.shape, key_pool.shape
+    H, D = query.shape[-3] if query.dim() == 4 else query.shape[1], query.shape[-1]
+    (_, Hkv, bs, Dk) = key_pool.shape
     if shape(key_pool)[:3] != shape(value_pool)[:3] or D != Dk:
         raise ValueError(
             f"key_pool must be (N, Hkv, block_size, D) with query's D and value_pool's "
@@ -488,23 +526,120 @@ def paged(
             f"query heads ({H}) must be a multiple of the pools' key/value heads ({Hkv}), got "
             f"query {shape(query)} and key_pool {shape(key_pool)}"
         )
+    return H // Hkv, bs
+
+
+def _table_fits(block_table: Tensor, seq_lens: Tensor, B: int, bs: int, batch: str) -> list[int]:
+    """``block_table (B, M)`` and ``seq_lens (B,)`` for ``B`` sequences, every length within the
+    table's ``M · block_size`` slots; returns the lengths as ints."""
     if block_table.shape[0] != B or seq_lens.shape[0] != B:
         raise ValueError(
-            f"block_table (B, M) and seq_lens (B,) need query's batch B = {B}, got block_table "
+            f"block_table (B, M) and seq_lens (B,) need {batch} B = {B}, got block_table "
             f"{shape(block_table)} and seq_lens {shape(seq_lens)}"
         )
+    lens = [int(n) for n in seq_lens.tolist()]
     capacity = block_table.shape[1] * bs
-    if B and (seq_lens.min() < 0 or seq_lens.max() > capacity):
+    if any(not 0 <= n <= capacity for n in lens):
         raise ValueError(
             f"seq_lens must be in [0, {capacity}] (block_table's {block_table.shape[1]} columns "
-            f"of block_size {bs}), got {seq_lens.tolist()}"
+            f"of block_size {bs}), got {lens}"
         )
-    used = torch.arange(block_table.shape[1], device=seq_lens.device) * bs < seq_lens[:, None]
-    blocks = block_table[used]  # the entries that the sequences' tokens live in
-    if blocks.numel() and (blocks.min() < 0 or blocks.max() >= N):
+    return lens
+
+
+def _blocks_exist(block_table: Tensor, first: list[int], last: list[int], N: int) -> None:
+    """Every table entry in columns ``[first[b], last[b])`` of row ``b`` is a block of the pool
+    (an entry outside them may be ``-1``)."""
+    col = torch.arange(block_table.shape[1], device=block_table.device)  # (M,)
+    lo = torch.tensor(first, device=block_table.device)[:, None]  # (B, 1)
+    hi = torch.tensor(last, device=block_table.device)[:, None]  # (B, 1)
+    read = block_table[(col >= lo) & (col < hi)]  # the entries that are read
+    if read.numel() and (read.min() < 0 or read.max() >= N):
         raise ValueError(
-            f"block_table must hold block numbers in [0, {N}) (key_pool {shape(key_pool)}) "
-            f"wherever seq_lens reaches, got values from {blocks.min().item()} to "
-            f"{blocks.max().item()}"
+            f"block_table must hold block numbers in [0, {N}) (the pools' N) wherever the "
+            f"queries read, got values from {read.min().item()} to {read.max().item()}"
         )
-    return H // Hkv, bs
+
+
+def paged(
+    query: Any, key_pool: Any, value_pool: Any, block_table: Any, seq_lens: Any
+) -> tuple[int, int]:
+    """The arguments of :func:`mha.paged_attention`; returns ``(groups, block_size)``.
+
+    Shapes:
+        query ``(B, H, L, D)``, pools ``(N, Hkv, block_size, D)`` and ``(N, Hkv, block_size, Dv)``,
+        block_table ``(B, M)`` of block numbers in ``[0, N)`` (``-1`` past a sequence's blocks),
+        seq_lens ``(B,)`` with ``0 <= seq_lens[b] <= M · block_size``.
+    """
+    tensor("query", query, floating=True, ndim=4, layout="(B, H, L, D)")
+    integer_tensor("block_table", block_table, ndim=2)
+    integer_tensor("seq_lens", seq_lens, ndim=1)
+    groups, bs = _pools(
+        query, key_pool, value_pool, {"block_table": block_table, "seq_lens": seq_lens}
+    )
+    lens = _table_fits(block_table, seq_lens, query.shape[0], bs, "query's batch")
+    _blocks_exist(block_table, [0] * len(lens), [math.ceil(n / bs) for n in lens], len(key_pool))
+    return groups, bs
+
+
+def blocks_read(
+    counts: list[int], lens: list[int], block_size: int, window: int | None
+) -> tuple[list[int], list[int]]:
+    """The table columns ``[first, last)`` each sequence of :func:`mha.paged_varlen_attention`
+    reads (none when it has no query): its blocks up to its last position, from the block
+    holding the oldest key in any of its ``counts[b]`` queries' windows."""
+    first, last = [], []
+    for n, S in zip(counts, lens):
+        lo = 0 if window is None else max(0, S - n - window + 1)  # oldest key seen
+        first.append(lo // block_size)
+        last.append(math.ceil(S / block_size) if n else lo // block_size)
+    return first, last
+
+
+def paged_varlen(
+    query: Any,
+    key_pool: Any,
+    value_pool: Any,
+    block_table: Any,
+    cu_seqlens_q: Any,
+    seq_lens: Any,
+    scale_: Any,
+    sinks_: Any,
+    window: Any,
+) -> tuple[list[int], list[int], float]:
+    """The arguments of :func:`mha.paged_varlen_attention`; returns the query offsets, the
+    lengths (as ints) and the scale (``1/sqrt(D)`` when ``scale_`` is None).
+
+    Shapes:
+        query ``(total_q, H, D)``, pools ``(N, Hkv, block_size, D)`` and ``(N, Hkv, block_size,
+        Dv)``, block_table ``(B, M)``, cu_seqlens_q ``(B + 1,)`` int32, seq_lens ``(B,)``,
+        sinks ``(H,)``.
+    """
+    tensor("query", query, floating=True, ndim=3, layout="(total_q, H, D)")
+    integer_tensor("block_table", block_table, ndim=2)
+    integer_tensor("seq_lens", seq_lens, ndim=1)
+    others = {"block_table": block_table, "cu_seqlens_q": cu_seqlens_q, "seq_lens": seq_lens}
+    _, bs = _pools(query, key_pool, value_pool, {**others, "sinks": sinks_})
+    starts = cu_seqlens("cu_seqlens_q", cu_seqlens_q, query.shape[0], "query")
+    lens = _table_fits(block_table, seq_lens, len(starts) - 1, bs, "cu_seqlens_q's")
+    counts = [b - a for a, b in zip(starts[:-1], starts[1:])]
+    over = [b for b in range(len(lens)) if counts[b] > lens[b]]
+    if over:
+        b = over[0]
+        raise ValueError(
+            f"sequence {b} has {counts[b]} queries (cu_seqlens_q) but seq_lens[{b}] = {lens[b]}: "
+            f"the queries are the last positions stored, so there can be at most seq_lens of them"
+        )
+    if window is not None:
+        positive_int("window", window)
+    H, D = query.shape[1], query.shape[2]
+    if sinks_ is not None:
+        tensor("sinks", sinks_, floating=True)
+        if shape(sinks_) != (H,):
+            raise ValueError(
+                f"sinks must hold one logit per query head, shape ({H},), got "
+                f"{shape(sinks_)} (query {shape(query)})"
+            )
+    _blocks_exist(block_table, *blocks_read(counts, lens, bs, window), len(key_pool))
+    checked = scale(scale_)
+    return starts, lens, 1.0 / math.sqrt(D) if checked is None else checked

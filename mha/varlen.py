@@ -58,13 +58,9 @@ def varlen_attention(
         cu_seqlens ``(B + 1,)`` -> ``(total_q, H, Dv)``.
     """
     group = validate.packed_qkv(query, key, value)
-    starts_q = validate.cu_seqlens("cu_seqlens_q", cu_seqlens_q, query.shape[0], "query")
-    starts_k = validate.cu_seqlens("cu_seqlens_k", cu_seqlens_k, key.shape[0], "key")
-    if len(starts_q) != len(starts_k):
-        raise ValueError(
-            f"cu_seqlens_q and cu_seqlens_k must describe the same number of sequences, got "
-            f"shapes {validate.shape(cu_seqlens_q)} and {validate.shape(cu_seqlens_k)}"
-        )
+    starts_q, starts_k = validate.cu_seqlens_pair(
+        cu_seqlens_q, cu_seqlens_k, query.shape[0], key.shape[0]
+    )
     validate.flag("is_causal", is_causal)
     scale = validate.scale(scale)
     if scale is None:

@@ -410,7 +410,7 @@ def test_chapter_runs_as_in_colab_and_shows_its_stored_outputs(path, colab, kern
     stored = nbformat.read(path, as_version=4)
     result = run_as_in_colab(stored, colab, kernels)
     if path.parents[1] == REPO / "zh":  # what the code printed, through the printed tables
-        tables = [translation_printed.load_printed(n) for n in (path.stem, "printed")]
+        tables = translation_printed.tables(path.stem)
         for outputs in result.sent.values():
             for output in outputs:
                 translation_printed.translate_output(output, tables)

@@ -101,7 +101,7 @@ def test_a_chinese_notebook_has_the_english_code_and_outputs(stem):
     cells = [c for c in chinese.cells if c.id != "zh-untranslated-note"]
     assert [c.id for c in cells] == [c.id for c in english.cells]
     listed = stem in translation_files.listed_stems()
-    printed = [translation_printed.load_printed(n) for n in (stem, "printed")] if listed else []
+    printed = translation_printed.tables(stem) if listed else []
     for en, zh in zip(english.cells, cells):
         assert without_translated_text(zh) == without_translated_text(en, printed), (
             f"{stem}: cell {en.id} differs from the English beyond its translated text"

@@ -38,7 +38,7 @@ from translation_files import (
     translated,
 )
 from translation_glossary import english_glossary_page, glossary_page
-from translation_printed import SHARED, load_printed, translate_output
+from translation_printed import tables, translate_output
 
 LANG = "zh-CN"
 TITLE = "多头注意力：从直觉到GPU"
@@ -87,7 +87,7 @@ def chinese_notebook(stem: str, *, listed: bool):
     cells = translated(notebook_units(nb), load_translation(stem)) if listed else {}
     setup = SETUP_CELL.read_text(encoding="utf-8")
     comments = load_code_comments(stem) if listed else {}
-    printed = [load_printed(stem), load_printed(SHARED)] if listed else []
+    printed = tables(stem) if listed else []
     for cell in nb.cells:
         entry = cells.get(cell.id)
         if cell.cell_type == "code" and listed:

@@ -57,6 +57,12 @@ def load_printed(name: str, i18n: Path | None = None) -> dict[str, str]:
     return {str(k).rstrip(): str(v) for k, v in (data.get("printed") or {}).items()}
 
 
+def tables(stem: str, i18n: Path | None = None) -> list[dict[str, str]]:
+    """The tables that put notebook ``stem``'s printed lines in Chinese, in the order they apply:
+    its own, then the shared one."""
+    return [load_printed(stem, i18n), load_printed(SHARED, i18n)]
+
+
 @cache
 def _pattern(english: str) -> re.Pattern[str]:
     """The regular expression of a key: literal text, `{}` any text (as little as it can)."""

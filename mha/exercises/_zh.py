@@ -338,6 +338,7 @@ MESSAGES: dict[str, str] = {
     "Visit exactly the key tiles holding a key that some row of the query tile sees: row i sees keys i - window + 1 .. i.": "恰好访问那些包含查询分块中某一行能看到的键的键分块：第i行看到键i - window + 1 .. i。",
     "Tiles start at multiples of BLOCK_N: round down.": "分块从BLOCK_N的整数倍开始：向下取整。",
     "Clamp lo with max(0, ...): no negative keys.": "用max(0, ...)限制lo：没有负数的键。",
+    "Right tiles, but found from a mask: the kernel cannot build one; work lo and hi out from the tile's first and last rows and the window, with integers. The mask:": "分块对了，但它们是从掩码里找出来的：内核无法构建掩码；请用整数，从该分块的第一行、最后一行和窗口算出lo和hi。所建的掩码：",
     "Right result, but the skip is the point: no row sees a key below first_row - window + 1.": "结果正确，但跳过才是重点：没有哪一行能看到first_row - window + 1之前的键。",
     "Right result, but the skip is the point: the ragged last tile's rows stop at L - 1.": "结果正确，但跳过才是重点：最后那个不完整分块的行在L - 1处停止。",
     "Right result, but the skip is the point: no row sees a key past the tile's last row.": "结果正确，但跳过才是重点：没有哪一行能看到该分块最后一行之后的键。",

@@ -24,6 +24,7 @@ from ._harness import (
     as_int,
     defined_in,
     difference,
+    never_larger,
     publish,
     tr,
 )
@@ -166,13 +167,21 @@ def _window_cases() -> list[Case]:
 
 def _visited_tiles(kv_tile_range: Callable[..., object], case: Case) -> object:
     """The starts of the key tiles the kernel's loop ``range(lo, hi, BLOCK_N)`` visits."""
-    out = kv_tile_range(*case.args)
+    with never_larger(_MASK_LIMIT, tr(_NO_MASK) + " {shape}"):  # indices, not a built mask
+        out = kv_tile_range(*case.args)
     if out is not None and not (isinstance(out, tuple) and len(out) == 2):
         message = "kv_tile_range{args} should return a tuple (lo, hi), got {out!r}."
         raise ExerciseError(tr(message, args=case.args, out=out))
     return out and tuple(range(as_int(out[0], "lo"), as_int(out[1], "hi"), case.args[2]))
 
 
+#: A tensor this large is a mask of a tile or more (the smallest tile is 16 x 16): the bounds are
+#: arithmetic on the tile's first and last rows, no mask is needed to find them.
+_MASK_LIMIT = 64
+_NO_MASK = (
+    "Right tiles, but found from a mask: the kernel cannot build one; work lo and hi out from "
+    "the tile's first and last rows and the window, with integers. The mask:"
+)
 _SKIP = "Right result, but the skip is the point: "
 _WRONG = "This skips a key tile some row needs: "
 
@@ -180,6 +189,14 @@ _WRONG = "This skips a key tile some row needs: "
 def _kv_range_floor(start_m: int, BLOCK_M: int, BLOCK_N: int, L: int, S: int, window: int):
     lo = max(0, start_m * BLOCK_M - window + 1)
     return math.floor(lo / BLOCK_N) * BLOCK_N, min(S, L, (start_m + 1) * BLOCK_M)
+
+
+def _kv_range_from_mask(m: int, bm: int, bn: int, L: int, S: int, window: int):
+    """The right bounds, read off a whole (L, S) sliding-window mask."""
+    i, j = torch.arange(L)[:, None], torch.arange(S)[None, :]
+    keep = (j <= i) & (j > i - window)  # (L, S)
+    cols = keep[m * bm : (m + 1) * bm].any(0).nonzero()  # the keys some row of the tile sees
+    return int(cols.min()) // bn * bn, int(cols.max()) + 1
 
 
 def _kv_range_by_library(m: int, bm: int, bn: int, L: int, S: int, window: int):
@@ -213,6 +230,7 @@ KV_TILE_RANGE = Exercise(
         (partial(_kv_range, hi="S"), _SKIP + "no row sees a key past the tile's last row."),
         (partial(_kv_range, lo="up"), _WRONG + "round the first visible key *down*."),
         (partial(_kv_range, hi="diagonal"), _WRONG + "the last row sees keys up to itself."),
+        (_kv_range_from_mask, _NO_MASK),
         (_kv_range_by_library, _NO_KERNEL_BOUND),
         (_kv_range_by_private_helper, _NO_KERNEL_BOUND),
     ),
