@@ -13,7 +13,9 @@ Both can be passed as ``kv_cache=`` to :class:`mha.MultiHeadAttention` and give 
 as :class:`mha.KVCache`: each provides ``attend``, the attention over what it holds.
 
 :func:`flash_decoding` is the attention of one decoding step split over the keys: each split
-gives a partial output and its logsumexp, and :func:`merge_partials` combines them exactly.
+gives a partial output and its logsumexp, and :func:`merge_partials` combines them exactly. A
+learned sink (gpt-oss) is one more column of the whole softmax row: it joins the merged result
+once, not once per split.
 """
 
 from __future__ import annotations
@@ -105,18 +107,35 @@ class PreallocatedKVCache(ContiguousCache):
         )
 
 
-def merge_partials(out: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
+def merge_partials(
+    out: Tensor, lse: Tensor, *, sinks: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Combine attention over disjoint sets of keys from each set's output and logsumexp.
 
-    The result is the attention over all the keys at once, and its logsumexp.
+    The result is the attention over all the keys at once, and its logsumexp. With ``sinks``
+    (gpt-oss's learned sink, as in :func:`mha.scaled_dot_product_attention`) it is the attention
+    whose softmax row also holds the sink's column: the sink joins the merged row once, never
+    once per split (see :func:`_add_sink`).
+
+    Args:
+        out: each split's attention output, normalised over its own keys.
+        lse: each split's logsumexp of the scores (``-inf`` for a split that saw no key).
+        sinks: a logit per head for the whole row, or ``None`` for plain attention.
 
     Shapes:
-        out ``(splits, ..., L, Dv)``, lse ``(splits, ..., L)``; returns ``(..., L, Dv)`` and the
-        total ``(..., L)``. A split that saw no key has ``lse_i = -inf`` and weight 0. lse is
-        out's dtype, or float32 for float16/bfloat16 outputs.
+        out ``(splits, ..., L, Dv)``, lse ``(splits, ..., L)``, sinks broadcasting to ``...``
+        (e.g. ``(H,)`` for ``out (splits, B, H, L, Dv)``); returns ``(..., L, Dv)`` and the
+        total ``(..., L)``, which counts the sink's column when there is one. A split that saw
+        no key has ``lse_i = -inf`` and weight 0. lse is out's dtype, or float32 for
+        float16/bfloat16 outputs; the sinks are used in lse's dtype.
     """
     validate.partials(out, lse)
-    return _merge_partials(out, lse)
+    if sinks is not None:
+        validate.split_sinks(sinks, validate.shape(out))
+    merged, total = _merge_partials(out, lse)  # (..., L, Dv), (..., L): all keys, no sink
+    if sinks is None:
+        return merged, total
+    return _add_sink(merged, total, sinks.to(lse.dtype))
 
 
 def _merge_partials(out: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
@@ -136,6 +155,23 @@ def _merge_partials(out: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
     return (weights * out).sum(0), total  # (..., L, Dv), (..., L)
 
 
+def _add_sink(out: Tensor, lse: Tensor, sinks: Tensor) -> tuple[Tensor, Tensor]:
+    """Give merged attention the sink's column: the row's denominator gains ``exp(sinks)`` once.
+
+    ``out`` is attention over all the keys and ``lse`` their logsumexp. The sink leaves the keys
+    the share ``1 - p_sink = sigmoid(lse - sink) = exp(lse - lse_total)``, where ``lse_total`` is
+    the logsumexp of the whole row, sink included.
+
+    Shapes:
+        out ``(..., L, Dv)``, lse ``(..., L)``, sinks broadcasting to ``...``; returns
+        ``(..., L, Dv)`` and ``lse_total (..., L)``.
+    """
+    total = torch.logaddexp(lse, sinks[..., None])  # (..., L): lse_total, the sink counted once
+    safe = torch.where(torch.isneginf(total), 0.0, total)  # no key and a sink of -inf: 0, not NaN
+    kept = torch.exp(lse - safe).unsqueeze(-1)  # (..., L, 1): 1 - p_sink, the keys' share
+    return out * kept, total  # (..., L, Dv), (..., L)
+
+
 def flash_decoding(
     query: Tensor,
     key: Tensor,
@@ -144,6 +180,7 @@ def flash_decoding(
     num_splits: int = 4,
     scale: float | None = None,
     enable_gqa: bool = False,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """Attention split over the keys (FlashDecoding): equal to one pass, more parallel work.
 
@@ -151,8 +188,9 @@ def flash_decoding(
     may be shorter), so there are at most ``num_splits`` of them, and fewer when ``num_splits``
     does not fit the rounding: ``S < num_splits``, but also e.g. ``S = 9``, ``num_splits = 4``,
     which gives 3 chunks of 3. Each chunk's attention gives a partial output and its logsumexp (on a GPU, the chunks run
-    as separate programs at the same time), and :func:`merge_partials` combines them. Float16 and
-    bfloat16 inputs keep the partials and their statistics in float32.
+    as separate programs at the same time), and :func:`merge_partials` combines them; a sink joins
+    the merged row once, after the merge. Float16 and bfloat16 inputs keep the partials and their
+    statistics in float32.
 
     Args:
         query, key, value: as in :func:`mha.scaled_dot_product_attention` (no mask: every query
@@ -160,13 +198,18 @@ def flash_decoding(
         num_splits: how many chunks of keys to attend to separately.
         scale: multiplies the scores; defaults to ``1/sqrt(D)``.
         enable_gqa: key/value may have fewer heads (grouped-query attention).
+        sinks: a learned logit per head (gpt-oss's sink), as in
+            :func:`mha.scaled_dot_product_attention`; ``None`` for plain attention.
 
     Shapes:
         query ``(..., L, D)`` (``L = 1`` when decoding), key ``(..., S, D)``, value
-        ``(..., S, Dv)``; returns ``(..., L, Dv)``.
+        ``(..., S, Dv)``, sinks broadcasting to ``query.shape[:-2]`` (e.g. ``(H,)``); returns
+        ``(..., L, Dv)``.
     """
     groups, scale = check_arguments(query, key, value, None, False, scale, enable_gqa)
     num_splits = validate.positive_int("num_splits", num_splits)
+    if sinks is not None:
+        validate.sinks(sinks, validate.shape(query))
     S = key.shape[-2]
     compute = torch.float32 if query.dtype in validate.LOW_PRECISION else query.dtype
     q, k, v = (t.to(compute) for t in (query, key, value))
@@ -180,5 +223,7 @@ def flash_decoding(
         for i in range(0, max(S, 1), chunk)
     ]
     outs, lses = zip(*partials)
-    out, _ = _merge_partials(torch.stack(outs), torch.stack(lses))  # (..., L, Dv)
+    out, lse = _merge_partials(torch.stack(outs), torch.stack(lses))  # (..., L, Dv), (..., L)
+    if sinks is not None:  # one column of the whole row: added once, after the merge
+        out, _ = _add_sink(out, lse, sinks.to(compute))  # (..., L, Dv)
     return out.to(query.dtype)

@@ -344,6 +344,18 @@ def sinks(value: Any, query_shape: tuple[int, ...]) -> Tensor:
     return value
 
 
+def split_sinks(value: Any, out_shape: tuple[int, ...]) -> Tensor:
+    """Sink logits beside partials ``out (splits, ..., L, Dv)``: a floating tensor broadcasting to
+    ``...`` (e.g. ``(H,)``): one logit per head for the whole row, never one per split."""
+    tensor("sinks", value, floating=True)
+    if not _broadcasts(shape(value), out_shape[1:-2]):
+        raise ValueError(
+            f"sinks of shape {shape(value)} must broadcast to the partials' dims between splits "
+            f"and (L, Dv), {out_shape[1:-2]} (out {out_shape})"
+        )
+    return value
+
+
 def positions(name: str, value: Any, target: tuple[int, ...]) -> int | Tensor:
     """Token positions: an ``int`` offset ``p0`` (positions ``p0 … p0+L-1``) or an integer tensor.
 

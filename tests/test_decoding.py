@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -177,6 +179,161 @@ def test_merge_partials_takes_float32_statistics_of_low_precision_outputs():
     outs, lses = (torch.stack(t) for t in zip(*parts))
     out, _ = mha.merge_partials(outs, lses)
     assert_close(out.half(), mha.flash_attention(q, k, v), atol=1e-3, rtol=1e-3)
+
+
+# --- split-KV decoding with a learned sink ------------------------------------------------------
+
+
+def sdpa_with_sink_column(q, k, v, sinks, *, scale=None, groups=1):
+    """torch's SDPA over one more key with score ``sinks[h]`` and a zero value, built by hand:
+    a zero key (score 0) and a float mask adding the sink's logit to its column."""
+    B, Hkv, S, D = k.shape
+    k1 = torch.cat([k, k.new_zeros(B, Hkv, 1, D)], dim=-2)  # (B, Hkv, S + 1, D)
+    v1 = torch.cat([v, v.new_zeros(B, Hkv, 1, v.shape[-1])], dim=-2)  # (B, Hkv, S + 1, Dv)
+    bias = torch.zeros(sinks.shape[0], 1, S + 1, dtype=q.dtype)  # (H, 1, S + 1)
+    bias[..., -1] = sinks.to(q.dtype)[:, None]
+    return F.scaled_dot_product_attention(
+        q, k1, v1, attn_mask=bias, scale=scale, enable_gqa=groups > 1
+    )
+
+
+def sink_inputs(S, groups, seed, L=1, dtype=torch.float64):
+    q = randn(2, 4, L, 16, seed=seed, dtype=dtype)
+    k = randn(2, 4 // groups, S, 16, seed=seed + 1, dtype=dtype)
+    v = randn(2, 4 // groups, S, 8, seed=seed + 2, dtype=dtype)
+    sinks = randn(4, seed=seed + 3, dtype=dtype) * 2  # (H,): a fair share of each row
+    return q, k, v, sinks
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_flash_decoding_with_sinks_equals_one_pass_for_every_split_count(groups):
+    S = 11
+    q, k, v, sinks = sink_inputs(S, groups, seed=5)
+    want = mha.scaled_dot_product_attention(q, k, v, enable_gqa=groups > 1, sinks=sinks)
+    assert_close(sdpa_with_sink_column(q, k, v, sinks, groups=groups), want)
+    for num_splits in range(1, S + 2):  # one split, ..., one key per split, and more splits
+        got = mha.flash_decoding(q, k, v, num_splits=num_splits, enable_gqa=groups > 1, sinks=sinks)
+        assert_close(got, want, msg=f"num_splits={num_splits}")
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    S=st.integers(0, 200),
+    num_splits=st.integers(1, 9),
+    L=st.integers(1, 3),
+    groups=st.sampled_from([1, 2, 4]),
+    sink_size=st.sampled_from([-30.0, 0.0, 3.0, 30.0]),
+    seed=st.integers(0, 1000),
+)
+def test_flash_decoding_with_sinks_equals_an_extra_column(
+    S, num_splits, L, groups, sink_size, seed
+):
+    q, k, v, sinks = sink_inputs(S, groups, seed, L=L)
+    sinks = sinks + sink_size  # from a sink that takes nothing to one that takes nearly all
+    want = sdpa_with_sink_column(q, k, v, sinks, scale=0.3, groups=groups)
+    got = mha.flash_decoding(
+        q, k, v, num_splits=num_splits, scale=0.3, enable_gqa=groups > 1, sinks=sinks
+    )
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_flash_decoding_with_sinks_in_low_precision_against_a_float64_golden(dtype):
+    q, k, v = (randn(2, 4, n, 64, seed=s).mul(3).to(dtype) for s, n in ((1, 1), (2, 500), (3, 500)))
+    sinks = (randn(4, seed=4) * 3).to(dtype)
+    golden = sdpa_with_sink_column(q.double(), k.double(), v.double(), sinks.double())
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    assert_close(golden, mha.scaled_dot_product_attention(q64, k64, v64, sinks=sinks.double()))
+    got = mha.flash_decoding(q, k, v, num_splits=7, sinks=sinks)
+    assert got.dtype == dtype
+    ours = (got.double() - golden).abs().max()
+    torch_err = (sdpa_with_sink_column(q, k, v, sinks).double() - golden).abs().max()
+    assert ours <= 2 * torch_err + torch.finfo(dtype).eps  # as accurate as torch's own kernel
+
+
+def test_a_sink_added_in_every_split_is_a_sink_of_sigma_plus_log_splits():
+    """The classic bug: each split's softmax gets the sink's column, so the merged denominator
+    counts exp(sigma) once per split, num_splits times: a sink of sigma + ln(num_splits)."""
+    q, k, v, _ = sink_inputs(40, 1, seed=9)
+    sinks = torch.tensor([3.0, 4.0, 5.0, 6.0], dtype=torch.float64)  # near each row's lse
+    want = mha.scaled_dot_product_attention(q, k, v, sinks=sinks)
+    chunks = [slice(i, i + 10) for i in range(0, 40, 10)]  # 4 splits
+    parts = [mha.flash_attention(q, k[..., c, :], v[..., c, :], return_lse=True) for c in chunks]
+    outs, lses = (torch.stack(t) for t in zip(*parts))  # (4, B, H, L, Dv), (4, B, H, L)
+    assert_close(mha.merge_partials(outs, lses, sinks=sinks)[0], want)  # the sink once: right
+    per_split = [mha.merge_partials(o[None], l[None], sinks=sinks) for o, l in zip(outs, lses)]
+    wrong, _ = mha.merge_partials(*(torch.stack(t) for t in zip(*per_split)))
+    assert (wrong - want).norm() > 0.2 * want.norm()  # not a rounding error: 20% of the output
+    assert_close(wrong, mha.scaled_dot_product_attention(q, k, v, sinks=sinks + math.log(4)))
+
+
+def test_merge_partials_with_sinks_handles_empty_splits_and_rows_without_keys():
+    g = torch.Generator().manual_seed(1)
+    scores = torch.randn(2, 3, 10, generator=g, dtype=torch.float64) * 30  # (H, L, S), large
+    v = torch.randn(2, 10, 4, generator=g, dtype=torch.float64)  # (H, S, Dv)
+    sinks = torch.tensor([40.0, -5.0], dtype=torch.float64)  # (H,)
+    column = sinks[:, None, None].expand(2, 3, 1)  # (H, L, 1)
+    weights = torch.softmax(torch.cat([scores, column], -1), -1)  # (H, L, S + 1)
+    parts = [slice(0, 0), slice(0, 4), slice(4, 10)]  # the first split saw no key
+    outs = torch.stack([torch.softmax(scores[..., p], -1).nan_to_num() @ v[:, p] for p in parts])
+    lses = torch.stack([torch.logsumexp(scores[..., p], -1) for p in parts])  # (3, H, L)
+    out, lse = mha.merge_partials(outs, lses, sinks=sinks)
+    assert_close(out, weights[..., :-1] @ v)
+    assert_close(lse, torch.logsumexp(torch.cat([scores, column], -1), -1))  # sink counted
+    none_seen = mha.merge_partials(outs[:1], lses[:1], sinks=sinks)  # no key at all
+    assert_close(none_seen[0], torch.zeros(2, 3, 4, dtype=torch.float64), rtol=0, atol=0)
+    assert_close(none_seen[1], column[..., 0])  # only the sink is left in the row
+    no_sink = torch.full((2,), float("-inf"), dtype=torch.float64)  # a sink of -inf: no sink
+    assert_close(mha.merge_partials(outs, lses, sinks=no_sink), mha.merge_partials(outs, lses))
+    assert not mha.merge_partials(outs[:1], lses[:1], sinks=no_sink)[0].isnan().any()
+
+
+def test_merge_partials_with_sinks_keeps_float32_statistics_of_low_precision_outputs():
+    q, k, v = (randn(1, 2, n, 8, seed=s).half() for s, n in ((1, 3), (2, 10), (3, 10)))
+    sinks = torch.tensor([1.0, -1.0], dtype=torch.float16)
+    parts = [
+        mha.flash_attention(q, k[..., p, :], v[..., p, :], return_lse=True)
+        for p in (slice(0, 4), slice(4, 10))
+    ]  # (out float16, lse float32) each
+    outs, lses = (torch.stack(t) for t in zip(*parts))
+    out, lse = mha.merge_partials(outs, lses, sinks=sinks)
+    assert lse.dtype == torch.float32
+    want = mha.scaled_dot_product_attention(q, k, v, sinks=sinks)
+    assert_close(out.half(), want, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("sinks", "error", "match"),
+    [
+        (
+            randn(3),
+            ValueError,
+            r"sinks of shape \(3,\) must broadcast to the partials' dims .*"
+            r"\(2, 4\) \(out \(5, 2, 4, 1, 8\)\)",
+        ),
+        (randn(5, 4), ValueError, r"sinks of shape \(5, 4\) must broadcast"),
+        (randn(4, 1), ValueError, r"sinks of shape \(4, 1\) must broadcast"),
+        (torch.zeros(4, dtype=torch.int64), TypeError, "sinks must have a floating dtype"),
+        ([0.0] * 4, TypeError, "sinks must be a torch.Tensor, got list"),
+    ],
+)
+def test_merge_partials_rejects_bad_sinks(sinks, error, match):
+    out, lse = randn(5, 2, 4, 1, 8), randn(5, 2, 4, 1)  # 5 splits, B = 2, H = 4, L = 1
+    with pytest.raises(error, match=match):
+        mha.merge_partials(out, lse, sinks=sinks)
+
+
+@pytest.mark.parametrize(
+    ("sinks", "match"),
+    [
+        (randn(2), r"sinks of shape \(2,\) must broadcast to the query's leading dims \(2, 4\)"),
+        (randn(4, 1), r"sinks of shape \(4, 1\) must broadcast .* \(query \(2, 4, 1, 16\)\)"),
+    ],
+)
+def test_flash_decoding_rejects_bad_sinks(sinks, match):
+    q, k, v, _ = sink_inputs(6, 2, seed=1)
+    with pytest.raises(ValueError, match=match):
+        mha.flash_decoding(q, k, v, enable_gqa=True, sinks=sinks)
 
 
 ALL_CACHES = {"kv": mha.KVCache, **CACHES}

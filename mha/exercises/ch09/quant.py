@@ -4,7 +4,9 @@ References: absmax int8 quantisation per token (scale over the channels) and per
 over the positions), written with torch's ``amax`` and ``round``, and the bytes of a quantised
 cache counted by their definition; mistakes: no division by 127, truncation instead of rounding,
 the scale over the wrong dim, 128 steps (which wrap around in int8), the scales or the values
-forgotten in the byte count, and the library's own function, which the exercises ban.
+forgotten in the byte count, and the library's own function, which the exercises ban. Then a static
+per-tensor fp8 quantiser (vLLM's fp8 cache) that saturates, checked with a cast that gives NaN
+beyond the grid as older PyTorch releases do, so that relying on the cast to clamp fails.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 import mha
 from mha import kv_quant
 
-from .._harness import Case, Exercise, defined_in, publish
+from .._harness import Case, Exercise, defined_in, publish, tr, whole
 
 # --- quantise per token / per channel ------------------------------------------------------------
 
@@ -264,6 +267,155 @@ CACHE_BYTES = Exercise(
     params=("cache_bytes",),
     doc="Check ``cache_bytes(B, Hkv, S, D, granularity) -> int``: the bytes an int8 KV cache "
     "of ``S`` positions holds with float32 scales per ``'token'`` or per ``'channel'``.",
+)
+
+
+# --- a static per-tensor fp8 scale that saturates -------------------------------------------------
+
+FP8 = torch.float8_e4m3fn
+
+
+def _static(x: Tensor, scale: float) -> tuple[Tensor, int]:
+    """The reference: x / scale clamped to ±448 and cast; the count of |x / scale| > 448. Its data
+    is read back to float32, as the checker reads the answer's."""
+    scaled = x / scale
+    return scaled.clamp(-448, 448).to(FP8).float(), int((scaled.abs() > 448).sum())
+
+
+class _NonSaturatingCast(TorchFunctionMode):
+    """Casts to float8_e4m3fn without saturating, as older PyTorch releases do: a number beyond
+    ±448 becomes NaN (recent releases clamp it to ±448, which hides a missing clamp)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, Tensor) and out.dtype == FP8:
+            sources = [
+                a
+                for a in args
+                if isinstance(a, Tensor)
+                and a.dtype != FP8
+                and a.is_floating_point()
+                and a.shape == out.shape
+            ]
+            if sources:  # a cast (x.to(...), x.type(...)) or a copy_ into fp8: the last is read
+                beyond = sources[-1].detach().abs() > 448
+                out.view(torch.uint8).masked_fill_(beyond, 0x7F)  # e4m3fn's NaN
+        return out
+
+
+def _static_call(answer: Callable[..., Any], case: Case) -> object:
+    """The answer's ``(data, saturated)``, run under the non-saturating cast; ``data`` must be
+    float8_e4m3fn and is read back to float32, ``saturated`` an int."""
+    with _NonSaturatingCast():
+        out = answer(*[a.clone() if isinstance(a, Tensor) else a for a in case.args])
+    if not (isinstance(out, tuple) and len(out) == 2):
+        return out  # the harness says what it should be
+    data, saturated = out
+    if not isinstance(data, Tensor) or data.dtype != FP8:
+        got = data.dtype if isinstance(data, Tensor) else type(data).__name__
+        raise TypeError(tr("data should be a torch.float8_e4m3fn tensor, got {got}", got=got))
+    return data.float(), whole(saturated)
+
+
+def _static_cases() -> list[Case]:
+    g = torch.Generator().manual_seed(930)
+    x = torch.randn(2, 3, 6, 8, generator=g)  # (B, Hkv, S, D)
+    y = torch.randn(1, 2, 5, 4, generator=g)
+    y[..., 0] *= 30  # an outlier channel, beyond a scale set by the others
+    z = torch.randn(1, 1, 4, 8, generator=g)
+    return [
+        Case(
+            "quantize_static(x, scale) for x (2, 3, 6, 8), scale = max|x| / 900",
+            (x, float(x.abs().max() / 900)),
+        ),
+        Case("quantize_static(x, 0.01) for x (1, 2, 5, 4) with an outlier channel", (y, 0.01)),
+        Case("quantize_static(x, 0.05) for x (1, 1, 4, 8), nothing beyond the grid", (z, 0.05)),
+    ]
+
+
+_HINT_STATIC = (
+    "y = x / scale; data = y.clamp(-448, 448).to(torch.float8_e4m3fn); saturated = the number "
+    "of |y| > 448, counted before the clamp."
+)
+
+
+def _static_no_clamp(x: Tensor, scale: float) -> tuple[Tensor, int]:
+    y = x / scale
+    return y.to(FP8), int((y.abs() > 448).sum())
+
+
+def _static_per_token(x: Tensor, scale: float) -> tuple[Tensor, int]:
+    own = x.abs().amax(-1, keepdim=True) / 448  # a scale of its own per token: never saturates
+    return (x / own).to(FP8), 0
+
+
+def _static_counted_after(x: Tensor, scale: float) -> tuple[Tensor, int]:
+    data = (x / scale).clamp(-448, 448).to(FP8)
+    return data, int((data.float().abs() > 448).sum())
+
+
+QUANTIZE_STATIC = Exercise(
+    "check_quantize_static",
+    "float8 data clamped to ±448 before the cast (checked with a cast that gives NaN beyond the "
+    "grid) and the count of saturated numbers",
+    _static,
+    _static_cases,
+    variants=(
+        lambda x, scale: (
+            torch.where((x / scale).abs() > 448, (x / scale).sign() * 448, x / scale).to(FP8),
+            torch.count_nonzero((x / scale).abs() > 448),
+        ),
+        lambda x, scale: (
+            torch.clamp(x / scale, min=-448.0, max=448.0).to(torch.float8_e4m3fn),
+            int(((x / scale) > 448).sum()) + int(((x / scale) < -448).sum()),
+        ),
+    ),
+    mistakes=(
+        (
+            _static_no_clamp,
+            "Without a clamp, the cast decides what happens beyond ±448: older PyTorch releases "
+            "(and this checker) give NaN there. Clamp x / scale to [-448, 448] first. "
+            + _HINT_STATIC,
+        ),
+        (
+            _static_counted_after,
+            "Count before clamping: after the clamp no number is beyond 448. " + _HINT_STATIC,
+        ),
+        (
+            lambda x, scale: (
+                (x * scale).clamp(-448, 448).to(FP8),
+                int(((x * scale).abs() > 448).sum()),
+            ),
+            "A scale is what one unit of the grid is worth: store x / scale (read back as "
+            "data · scale), not x · scale. " + _HINT_STATIC,
+        ),
+        (
+            _static_per_token,
+            "The scale is given: one static scale for the whole tensor. A scale of your own per "
+            "token fits every token and never saturates; a static scale does, when later numbers "
+            "are larger. " + _HINT_STATIC,
+        ),
+        (
+            lambda x, scale: (
+                tuple(mha.quantize_kv(x, dtype=FP8, scale=scale))[:1]
+                + (mha.kv_quant.count_saturated(x, scale),)
+            ),
+            _NO_QUANTIZE,
+        ),
+        (lambda x, scale: (kv_quant._to_grid(x / scale, FP8), 0), _NO_QUANTIZE),
+    ),
+    hint=_HINT_STATIC,
+    crash_hint=_HINT_STATIC,
+    outputs=("data", "saturated"),
+    call=_static_call,
+    atol=0.0,
+    rtol=0.0,
+    forbidden=QUANT_BANNED,
+    forbidden_hint=_NO_QUANTIZE,
+    rewrites=(mha.quantize_kv, kv_quant.count_saturated),
+    params=("quantize_static",),
+    doc="Check ``quantize_static(x, scale) -> (data, saturated)``: ``x / scale`` stored as "
+    "float8_e4m3fn, numbers beyond ±448 clamped (saturated), and how many were.",
 )
 
 

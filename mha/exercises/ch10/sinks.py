@@ -1,9 +1,12 @@
 """Section 10.1, sinks and windows (gpt-oss): the exercises as data for :mod:`.._harness`.
 
 References: attention with a sink written as torch's SDPA scaled by the mass the keys keep,
-``sigmoid(logsumexp(scores) - sink)``; StreamingLLM's keep-mask by its definition; YaRN's speeds
-in float64. Mistakes: the sink ignored (or undone by renormalising), scaled like a score, or given a
-value; the window one
+``sigmoid(logsumexp(scores) - sink)``; split-KV partials merged with the sink as one more split
+that hands over 0, checked against one pass; StreamingLLM's keep-mask by its definition; YaRN's
+speeds in float64. Mistakes: the sink ignored (or undone by renormalising), scaled like a score, or
+given a value; in the merge, the sink added per split, scaled, ignored, taken for the keys' share,
+broadcast along the rows, or ``exp(lse)`` without a shift (overflow), and ``mha.merge_partials``
+(every function of ``mha.decoding`` banned); the window one
 token too wide, the sinks visible to earlier queries, the sinks forgotten; position interpolation
 for every pair, the ramp reversed, the 2π forgotten, the boundaries rounded, the speed multiplied; and ``mha.yarn_frequencies``, which the
 exercise bans.
@@ -19,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import mha
-from mha import attention, chunked_prefill, flash, masks
+from mha import attention, chunked_prefill, decoding, flash, masks
 from mha import rope as rope_library
 from mha.models import deepseek_v3, gpt_oss
 
@@ -127,6 +130,179 @@ SINK_ATTENTION = Exercise(
     rewrites=(mha.scaled_dot_product_attention,),  # its sinks= does what the learner writes
     params=("attend",),
     doc="Check ``attend(q, k, v, sinks) -> (B, H, L, Dv)``: attention with a sink logit per head.",
+)
+
+# --- split-KV partials merged with a sink ---------------------------------------------------------
+
+
+def _merge_with_sink_reference(outs: Tensor, lses: Tensor, sinks: Tensor) -> Tensor:
+    """The sink as one more split that saw one key of score ``sinks[h]`` and hands over 0."""
+    sink = sinks[:, None].expand_as(lses[0])[None]  # (1, B, H, L)
+    weights = torch.softmax(torch.cat([lses, sink]), dim=0)  # (n + 1, B, H, L)
+    return (weights[:-1, ..., None] * outs).sum(0)  # (B, H, L, Dv): the sink's share gives 0
+
+
+def _merge_with_sink_cases() -> list[Case]:
+    """Real split-KV partials (float64) and, as expected, one pass over all the keys with the sink
+    column: query heads sharing key/value heads (GQA), L = H (so that sinks broadcast along the
+    query rows still run), a first split that saw no key (out 0, lse -inf), and scores and sinks
+    near 1000 (exp(lse) overflows)."""
+    g = torch.Generator().manual_seed(102)
+    cases = []
+    for what, (B, H, Hkv, L, S, Dv), bounds, shift in (
+        (
+            "4 splits of 6 keys, 8 query heads over 2 key/value heads (GQA), L = 1",
+            (2, 8, 2, 1, 24, 16),
+            (0, 6, 12, 18, 24),
+            0.0,
+        ),
+        (
+            "3 splits, the first saw no key (out 0, lse -inf), H = L = 4",
+            (2, 4, 4, 4, 20, 8),
+            (0, 0, 7, 20),
+            0.0,
+        ),
+        ("2 splits, scores and sinks near 1000, L = 3", (1, 4, 2, 3, 30, 8), (0, 13, 30), 1000.0),
+    ):
+        q, k, v = randn64(g, B, H, L, 16), randn64(g, B, Hkv, S, 16), randn64(g, B, Hkv, S, Dv)
+        k, v = (t.repeat_interleave(H // Hkv, dim=1) for t in (k, v))  # (B, H, S, ·): GQA
+        scores = q @ k.transpose(-2, -1) / 4.0 + shift  # (B, H, L, S), D = 16
+        sinks = math.log(S) + shift + randn64(g, H)  # (H,): near a row's lse, a fair share
+        outs, lses = [], []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            s = scores[..., a:b]  # (B, H, L, S_i); no key: out_i = 0, lse_i = -inf
+            outs.append(torch.softmax(s, -1) @ v[..., a:b, :])
+            lses.append(torch.logsumexp(s, -1))
+        column = sinks[:, None, None].expand(B, H, L, 1)  # (B, H, L, 1)
+        weights = torch.softmax(torch.cat([scores, column], -1), -1)  # (B, H, L, S + 1)
+        expected = weights[..., :-1] @ v  # (B, H, L, Dv): one pass with the sink
+        label = f"merge_with_sink(outs, lses, sinks) with {what}"
+        cases.append(Case(label, (torch.stack(outs), torch.stack(lses), sinks), expected=expected))
+    return cases
+
+
+def _merge_then_sink(outs: Tensor, lses: Tensor, sinks: Tensor) -> Tensor:
+    """Merge by the largest lse, then the section's two lines."""
+    m = lses.amax(0)  # (B, H, L)
+    w = (lses - m).exp()  # (n, B, H, L)
+    lse = m + w.sum(0).log()
+    out = (w[..., None] * outs).sum(0) / w.sum(0)[..., None]  # (B, H, L, Dv): no sink yet
+    total = torch.logaddexp(lse, sinks[:, None])  # (B, H, L): the sink counted once
+    return out * (lse - total).exp()[..., None]
+
+
+def _merge_then_sigmoid(outs: Tensor, lses: Tensor, sinks: Tensor) -> Tensor:
+    lse = torch.logsumexp(lses, dim=0)  # (B, H, L)
+    out = (torch.exp(lses - lse)[..., None] * outs).sum(0)
+    return out * torch.sigmoid(lse - sinks.view(-1, 1))[..., None]  # times 1 - p_sink
+
+
+def _one_denominator(outs: Tensor, lses: Tensor, sinks: Tensor) -> Tensor:
+    s = sinks[:, None].expand_as(lses[0])  # (B, H, L)
+    m = torch.maximum(lses.amax(0), s)  # shift by the largest term, the sink's included
+    w = (lses - m).exp()  # (n, B, H, L)
+    return (w[..., None] * outs).sum(0) / (w.sum(0) + (s - m).exp())[..., None]
+
+
+def _merge_with_sink_slip(**slip: bool) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    def answer(outs: Tensor, lses: Tensor, sinks: Tensor) -> Tensor:
+        s = sinks[None, :] if slip.get("along_rows") else sinks[:, None]  # (H, 1): one per head
+        if slip.get("scaled"):
+            s = s * outs.shape[-1] ** -0.5
+        if slip.get("no_shift"):  # exp(lse) overflows near 1000: inf / inf
+            e = lses.exp()
+            return (e[..., None] * outs).sum(0) / (e.sum(0) + s.exp())[..., None]
+        if slip.get("per_split"):  # every split's softmax gets the sink's column
+            outs = outs * torch.sigmoid(lses - s)[..., None]
+            lses = torch.logaddexp(lses, s)
+        lse = torch.logsumexp(lses, dim=0)  # (B, H, L)
+        out = (torch.exp(lses - lse)[..., None] * outs).sum(0)
+        if slip.get("ignored") or slip.get("per_split"):
+            return out
+        if slip.get("sink_share"):
+            return out * torch.sigmoid(s - lse)[..., None]  # p_sink instead of 1 - p_sink
+        total = torch.logaddexp(lse, s.squeeze(0) if slip.get("along_rows") else s)
+        return out * (lse - total).exp()[..., None]
+
+    return answer
+
+
+_HINT_MERGE_SINK = (
+    "Merge the splits first: lse = logsumexp over the splits of lse_i, out = the sum of "
+    "exp(lse_i - lse)·out_i. Then add the sink once, as one more column of the whole row: "
+    "lse_total = logaddexp(lse, sinks[h]) and out·exp(lse - lse_total), which is "
+    "out·sigmoid(lse - sinks[h])."
+)
+
+_NO_MERGE_WITH_SINK = (
+    "merge the partials and add the sink yourself: no function of mha.decoding "
+    "(mha.merge_partials takes sinks=) or mha.attention."
+)
+
+MERGE_WITH_SINK = Exercise(
+    "check_merge_with_sink",
+    "equals one pass with the sink over all the keys: GQA heads, a split that saw no key, "
+    "lse near 1000 (float64)",
+    _merge_with_sink_reference,
+    _merge_with_sink_cases,
+    variants=(_merge_then_sink, _merge_then_sigmoid, _one_denominator),
+    mistakes=(
+        (
+            _merge_with_sink_slip(ignored=True),
+            "This is the merge without the sink: the rows' weights still sum to 1. "
+            + _HINT_MERGE_SINK,
+        ),
+        (
+            _merge_with_sink_slip(per_split=True),
+            "The sink was added in every split, so the merged denominator counts exp(sinks[h]) "
+            "once per split: a sink of sinks[h] + ln(splits). It is one column of the whole row. "
+            + _HINT_MERGE_SINK,
+        ),
+        (
+            _merge_with_sink_slip(scaled=True),
+            "The sink was multiplied by a 1/sqrt(D); it is a learned logit, used as it is. "
+            + _HINT_MERGE_SINK,
+        ),
+        (
+            _merge_with_sink_slip(sink_share=True),
+            "The output was multiplied by the sink's share p_sink = sigmoid(sinks[h] - lse); "
+            "the keys keep 1 - p_sink = sigmoid(lse - sinks[h]). " + _HINT_MERGE_SINK,
+        ),
+        (
+            _merge_with_sink_slip(no_shift=True),
+            "exp(lse) overflows for large scores (inf / inf = NaN): work with differences of "
+            "logsumexps (logsumexp, logaddexp, or subtract the largest term before exp). "
+            + _HINT_MERGE_SINK,
+        ),
+        (
+            _merge_with_sink_slip(along_rows=True),
+            "sinks holds one logit per head, (H,), and lse is (B, H, L): give the sinks a dim "
+            "for the query rows, sinks[:, None]; without it they line up with L. "
+            + _HINT_MERGE_SINK,
+        ),
+        (
+            lambda outs, lses, sinks: mha.merge_partials(outs, lses, sinks=sinks)[0],
+            _NO_MERGE_WITH_SINK,
+        ),
+        (
+            lambda outs, lses, sinks: decoding._add_sink(
+                *decoding._merge_partials(outs, lses), sinks
+            )[0],
+            _NO_MERGE_WITH_SINK,
+        ),
+    ),
+    hint=_HINT_MERGE_SINK,
+    crash_hint="outs is (n, B, H, L, Dv), lses (n, B, H, L) and sinks (H,): sinks[:, None] "
+    "broadcasts over (B, H, L), and lse[..., None] over Dv.",
+    atol=1e-10,
+    rtol=1e-8,
+    forbidden=(*defined_in(decoding), *defined_in(attention), *defined_in(chunked_prefill)),
+    forbidden_hint=_NO_MERGE_WITH_SINK,
+    rewrites=(mha.merge_partials,),  # its sinks= does what the learner writes
+    params=("merge_with_sink",),
+    doc="Check ``merge_with_sink(outs, lses, sinks) -> (B, H, L, Dv)``: split-KV partials "
+    "``outs (n, B, H, L, Dv)`` and their logsumexps ``lses (n, B, H, L)`` merged into attention "
+    "over all the keys with one sink logit per head, ``sinks (H,)``.",
 )
 
 # --- StreamingLLM's mask: a window plus the first tokens --------------------------------------------
