@@ -19,6 +19,8 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
 * :func:`varlen_attention` — packed sequences, FlashAttention's ``cu_seqlens`` layout (``mha/varlen.py``)
 * :func:`paged_varlen_attention` — prompt chunks and decode steps in one call over the paged pool
   (``mha/chunked_prefill.py``)
+* :class:`SlidingWindowPagedCache` — a paged cache for a sliding-window layer that frees the blocks
+  no query can see any more (``mha/window_cache.py``)
 * :func:`cascade_attention` — a shared prefix attended once for the whole batch (``mha/cascade.py``)
 * :func:`tree_attention_mask`, :func:`verify_greedy` — speculative decoding's verification step
   (``mha/speculative.py``)
@@ -76,6 +78,7 @@ from .rope import apply_rope, rope_frequencies, yarn_frequencies
 from .sparse import topk_keep_mask, topk_sparse_attention
 from .speculative import Verification, tree_attention_mask, verify_greedy
 from .varlen import varlen_attention
+from .window_cache import SlidingWindowPagedCache
 
 # A CUDA build of torch without a GPU (Colab's CPU runtime) logs that it found no CUDA runtime
 # when torch's timer or compiler is first imported: dropped, the setup cell says so already.
@@ -109,6 +112,7 @@ __all__ = [
     "QuantizedKV",
     "QuantizedKVCache",
     "RMSNorm",
+    "SlidingWindowPagedCache",
     "TensorParallelAttention",
     "TransformerBlock",
     "Verification",

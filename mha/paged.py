@@ -80,6 +80,7 @@ class PagedKVCache:
             None if num_blocks is None else validate.positive_int("num_blocks", num_blocks)
         )
         self.prefix_caching = validate.flag("prefix_caching", prefix_caching)
+        self.window: int | None = None  # every position stays visible (see mha.window_cache)
         self.key_pool: Tensor | None = None
         self.value_pool: Tensor | None = None
         self._tables: list[list[int]] = []  # per sequence: logical block -> physical block
@@ -766,7 +767,15 @@ def _attend_paged(
         packed = q.transpose(1, 2).reshape(B * L, H, D)  # (B·L, H, D) sequence after sequence
         starts = list(range(0, B * L + 1, L))  # every sequence has L queries, its last L positions
         out = _paged_varlen_attention(
-            packed, key_pool, value_pool, table, starts, list(cache._lens), scale, None, None
+            packed,
+            key_pool,
+            value_pool,
+            table,
+            starts,
+            list(cache._lens),
+            scale,
+            None,
+            cache.window,
         )  # (B·L, H, Dv)
         return out.view(B, L, H, -1).transpose(1, 2)  # (B, H, L, Dv)
     groups = q.shape[1] // k.shape[1]
