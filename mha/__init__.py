@@ -19,6 +19,8 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
 * :func:`varlen_attention` — packed sequences, FlashAttention's ``cu_seqlens`` layout (``mha/varlen.py``)
 * :func:`paged_varlen_attention` — prompt chunks and decode steps in one call over the paged pool
   (``mha/chunked_prefill.py``)
+* :class:`RecurrentStatePool` — one fixed-size state slot per request for the linear-attention
+  layers of a hybrid model (``mha/models/state_pool.py``)
 * :class:`SlidingWindowPagedCache` — a paged cache for a sliding-window layer that frees the blocks
   no query can see any more (``mha/window_cache.py``)
 * :func:`cascade_attention` — a shared prefix attended once for the whole batch (``mha/cascade.py``)
@@ -71,6 +73,7 @@ from .linear_attention import linear_attention
 from .masks import causal_mask, causal_mask_bottom_right, padding_mask, sliding_window_mask
 from .mla import LatentCache, MultiHeadLatentAttention
 from .models import from_hf
+from .models.state_pool import RecurrentStatePool
 from .multihead import KVCache, MultiHeadAttention
 from .norms import RMSNorm, rms_norm
 from .paged import PagedKVCache, paged_attention
@@ -112,6 +115,7 @@ __all__ = [
     "QuantizedKV",
     "QuantizedKVCache",
     "RMSNorm",
+    "RecurrentStatePool",
     "SlidingWindowPagedCache",
     "TensorParallelAttention",
     "TransformerBlock",
