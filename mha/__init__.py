@@ -23,6 +23,8 @@ The package mirrors PyTorch's names and argument order, so what you learn here t
   layers of a hybrid model (``mha/models/state_pool.py``)
 * :class:`SlidingWindowPagedCache` — a paged cache for a sliding-window layer that frees the blocks
   no query can see any more (``mha/window_cache.py``)
+* :class:`HybridCache` — the caches of a hybrid model's full, sliding and linear layers, one
+  admission for all (``mha/hybrid_cache.py``)
 * :func:`cascade_attention` — a shared prefix attended once for the whole batch (``mha/cascade.py``)
 * :func:`tree_attention_mask`, :func:`verify_greedy` — speculative decoding's verification step
   (``mha/speculative.py``)
@@ -65,6 +67,7 @@ from .device import quiet_missing_gpu_notice as _quiet_missing_gpu_notice
 from .distributed import TensorParallelAttention, count_traffic, ring_attention
 from .flash import flash_attention, online_softmax_update, tile_schedule
 from .gated_delta import gated_delta_rule
+from .hybrid_cache import HybridCache
 from .kv_memory import AttentionConfig, kv_cache_bytes
 from .kv_quant import QuantizedKV, QuantizedKVCache, quantize_kv
 from .lab import MODULES as _LAB_MODULES
@@ -106,6 +109,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "AttentionConfig",
+    "HybridCache",
     "KVCache",
     "LatentCache",
     "MultiHeadAttention",

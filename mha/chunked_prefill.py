@@ -85,11 +85,6 @@ def paged_varlen_attention(
     )
 
 
-# The argument checks live in mha.validation; this name stays until the Triton kernel imports
-# them from there.
-_check = validate.paged_varlen
-
-
 def _paged_varlen_attention(
     query: Tensor,
     key_pool: Tensor,

@@ -757,6 +757,11 @@ def _attend_paged(
     Shapes:
         q ``(B, H, L, D)``, k and v ``(B, Hkv, L, D)``; returns ``(B, H, L, D)``.
     """
+    if cache.window is not None and not is_causal and q.shape[-2] > 1:  # before any write
+        raise ValueError(
+            f"a cache with a window of {cache.window} attends causally (each query sees the "
+            f"positions up to itself): a chunk of {q.shape[-2]} new positions needs is_causal=True"
+        )
     before = list(cache._lens)  # positions per sequence before this chunk
     key_pool, value_pool = cache.update(k, v)
     table = cache.block_table  # (B, max_blocks)

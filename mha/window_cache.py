@@ -8,8 +8,9 @@ future query can see, the block is given back to the pool and its entry in the b
 becomes ``-1``. A sequence then holds at most ``ceil(window / block_size) + 1`` blocks while it
 decodes, however long it grows (vLLM's hybrid KV-cache manager frees them the same way).
 
-:class:`SlidingWindowPagedCache` is a :class:`mha.PagedKVCache` that does this on every write and
-attends with :func:`mha.paged_varlen_attention`'s ``window``, which never reads a freed entry.
+:class:`SlidingWindowPagedCache` is a :class:`mha.PagedKVCache` that does this on every write; its ``window`` makes the attention
+through the pool :func:`mha.paged_varlen_attention` with that ``window``, which never reads a
+freed entry (and a prompt chunk must then be causal).
 """
 
 from __future__ import annotations
@@ -82,39 +83,6 @@ class SlidingWindowPagedCache(PagedKVCache):
                 self._release(table[col])
                 table[col] = FREED
                 self.freed_blocks += 1
-
-    def attend(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        *,
-        attn_mask: Tensor | None = None,
-        is_causal: bool = False,
-        need_weights: bool = False,
-        dropout_p: float = 0.0,
-        scale: float | None = None,
-        attention: object = None,
-    ) -> tuple[Tensor, None]:
-        """Store the new positions and attend through the block table within the window (see
-        :meth:`mha.PagedKVCache.attend`); a prompt chunk must be causal."""
-        if key.dim() == 4 and key.shape[-2] > 1 and not is_causal:
-            raise ValueError(
-                f"a SlidingWindowPagedCache attends causally (each query sees the {self.window} "
-                f"positions up to itself): a chunk of {key.shape[-2]} new positions needs "
-                "is_causal=True"
-            )
-        return super().attend(
-            query,
-            key,
-            value,
-            attn_mask=attn_mask,
-            is_causal=is_causal,
-            need_weights=need_weights,
-            dropout_p=dropout_p,
-            scale=scale,
-            attention=attention,
-        )
 
     def slot(self, sequence: int, position: int) -> int:
         """The pool slot of ``position``; a ValueError if its block left the window and was

@@ -2,8 +2,8 @@
 each its exercises as data for :mod:`.._harness`."""
 
 from .._harness import gather
-from . import deltanet, gated, mla, sinks, sparse
+from . import conv_step, deltanet, gated, mla, sinks, sparse
 
-SECTIONS = (sinks, gated, mla, sparse, deltanet)
+SECTIONS = (sinks, gated, mla, sparse, deltanet, conv_step)
 #: The chapter's exercises in section order.
 EXERCISES = gather(globals(), SECTIONS)

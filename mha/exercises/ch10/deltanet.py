@@ -11,6 +11,8 @@
 * the decoding memory of a hybrid stack (Qwen3-Next); mistakes: every layer a softmax layer,
   the states grown with the length, only keys cached, the states sized by key heads, ``Dk + Dv``
   for ``Dk · Dv``, the layer types ignored.
+
+The decoding step of the layer's short convolution is in :mod:`.conv_step`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,16 @@ import mha
 from mha import gated_delta
 from mha.models import gated_deltanet
 
-from .._harness import Case, Exercise, defined_in, publish, randn64, slipped, tr, whole
+from .._harness import (
+    Case,
+    Exercise,
+    defined_in,
+    publish,
+    randn64,
+    slipped,
+    tr,
+    whole,
+)
 
 _NO_GATED_DELTA = "write the step yourself, without mha.gated_delta_rule."
 #: Every function of mha.gated_delta (the rule, its recurrence and chunked form) and of the
