@@ -171,6 +171,9 @@ def _attend_group(
         m = sink.reshape(Bg, Hkv, G * n, 1).clone()  # (Bg, Hkv, G·n, 1)
         l = torch.ones_like(m)  # exp(sink - m)  # noqa: E741
     acc = q.new_zeros(Bg, Hkv, G * n, Dv)  # running weighted sum of values
+    # Every step gathers into the same two buffers, which stay in the CPU's caches.
+    k_buf = key_pool.new_empty(Bg * Hkv * per_step, bs, D)  # (Bg·Hkv·per_step, bs, D)
+    v_buf = value_pool.new_empty(Bg * Hkv * per_step, bs, Dv)
     for t in range(0, steps, per_step):
         c = min(per_step, steps - t)
         cols = first_t[:, None] + t + torch.arange(c, device=dev)  # (Bg, c) table columns
@@ -178,8 +181,8 @@ def _attend_group(
         # Past a sequence's range the entry may be -1 or another sequence's: read block 0 or
         # that block, and hide it below (its positions lie after the sequence's last one).
         blocks = blocks.long().clamp(min=0)[:, None, :]  # (Bg, 1, c)
-        k = _gather(key_pool, blocks, heads).to(compute)  # (Bg, Hkv, c·bs, D)
-        v = _gather(value_pool, blocks, heads).to(compute)  # (Bg, Hkv, c·bs, Dv)
+        k = _gather(key_pool, blocks, heads, k_buf).to(compute)  # (Bg, Hkv, c·bs, D)
+        v = _gather(value_pool, blocks, heads, v_buf).to(compute)  # (Bg, Hkv, c·bs, Dv)
         scores = q @ k.transpose(-2, -1)  # (Bg, Hkv, G·n, c·bs)
         if _needs_mask(first, lens, n, t, c, bs, window):
             k_pos = (cols[:, :, None] * bs + offsets).view(Bg, 1, c * bs)  # (Bg, 1, c·bs)
@@ -203,12 +206,12 @@ def _attend_group(
     return out.reshape(Bg * n, H, Dv)  # (Bg·n, H, Dv)
 
 
-def _gather(pool: Tensor, blocks: Tensor, heads: Tensor) -> Tensor:
+def _gather(pool: Tensor, blocks: Tensor, heads: Tensor, buffer: Tensor) -> Tensor:
     """One tile: blocks ``blocks[b]`` of every sequence ``b``, head by head, as one run of keys.
 
     Shapes:
-        pool ``(N, Hkv, block_size, D)``, blocks ``(Bg, 1, c)``, heads ``(1, Hkv, 1)``; returns
-        ``(Bg, Hkv, c·block_size, D)``.
+        pool ``(N, Hkv, block_size, D)``, blocks ``(Bg, 1, c)``, heads ``(1, Hkv, 1)``, buffer
+        ``(at least Bg·Hkv·c, block_size, D)``; returns ``(Bg, Hkv, c·block_size, D)``.
     """
     N, Hkv, bs, D = pool.shape
     Bg, c = blocks.shape[0], blocks.shape[2]
@@ -217,7 +220,20 @@ def _gather(pool: Tensor, blocks: Tensor, heads: Tensor) -> Tensor:
     # The pool seen as (N·Hkv, bs, D): row block·Hkv + head is one piece of bs·D numbers, and
     # index_select (torch's fastest gather) lays them out in (sequence, head, block) order.
     rows = (blocks * Hkv + heads).flatten()  # (Bg·Hkv·c,)
-    return pool.view(N * Hkv, bs, D).index_select(0, rows).view(Bg, Hkv, c * bs, D)
+    return _take(pool.view(N * Hkv, bs, D), rows, buffer).view(Bg, Hkv, c * bs, D)
+
+
+def _take(pieces: Tensor, index: Tensor, buffer: Tensor) -> Tensor:
+    """``pieces[index]`` written into the front of ``buffer``: a buffer reused by every step stays
+    in the CPU's caches, where a fresh tensor per step would be fresh memory each time. When
+    autograd must see the gather, a fresh tensor after all (``out=`` has no gradient).
+
+    Shapes:
+        pieces ``(P, ...)``, index ``(n,)``, buffer ``(at least n, ...)``; returns ``(n, ...)``.
+    """
+    if torch.is_grad_enabled() and pieces.requires_grad:
+        return pieces.index_select(0, index)
+    return torch.index_select(pieces, 0, index, out=buffer[: index.numel()])
 
 
 def _needs_mask(

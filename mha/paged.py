@@ -29,14 +29,10 @@ import torch
 from torch import Tensor
 
 from . import validation as validate
-from .chunked_prefill import _paged_varlen_attention
+from .chunked_prefill import TILE_KEYS, _paged_varlen_attention, _take
 from .decoding import _merge_partials
 from .flash import _flash_attention
 from .multihead import _check_cache_step
-
-#: Blocks read per step of :func:`paged_attention`'s loop (512 positions with blocks of 16): the
-#: working memory is this many blocks per sequence, never a whole long sequence.
-BLOCKS_PER_STEP = 32
 
 
 class PagedKVCache:
@@ -705,39 +701,43 @@ def _paged_attention(
     compute = torch.float32 if query.dtype in validate.LOW_PRECISION else query.dtype
     dev = query.device
     # The G query heads that share key/value head h become G·L rows of one matrix, scaled once.
-    q = (query.reshape(B, Hkv, -1, D) * scale).to(compute)  # (B, Hkv, G·L, D)
+    q = (query.reshape(B * Hkv, -1, D) * scale).to(compute)  # (B·Hkv, G·L, D)
     lens = seq_lens.to(device=dev, dtype=torch.int64)  # (B,)
     needed = math.ceil(int(lens.max()) / bs) if B else 0
-    # Once for every block the loop reads. The pool seen as (N·Hkv, bs, D): row n·Hkv + h is
-    # head h of block n, bs·D numbers in one piece; gathering rows in (sequence, head, block)
-    # order lays each sequence's keys out as one run per head (index_select, torch's fastest
-    # gather). A -1 in the table (no block) reads block 0, which the bias then masks out.
+    # A step reads as many blocks of every sequence as fill TILE_KEYS numbers (1 MiB in float32):
+    # a tile small enough to stay in the CPU's caches between its gather and its two products.
+    per_step = max(1, min(needed, TILE_KEYS // max(1, B * Hkv * bs * max(D, Dv))))
+    # The pool seen as (N·Hkv, bs, D): row n·Hkv + h is head h of block n, bs·D numbers in one
+    # piece; gathering rows in (sequence, head, block) order lays each sequence's keys out as
+    # one run per head. A -1 in the table (no block) reads block 0, which the bias masks out.
     blocks = block_table[:, :needed].long().clamp(min=0)  # (B, n) physical blocks
-    rows = blocks[:, None, :] * Hkv + torch.arange(Hkv, device=dev)[:, None]  # (B, Hkv, n)
+    rows = (blocks[:, None, :] * Hkv + torch.arange(Hkv, device=dev)[:, None]).view(B * Hkv, -1)
     past_end = torch.arange(needed * bs, device=dev) >= lens[:, None]  # (B, n·bs)
-    bias = torch.zeros(B, 1, 1, needed * bs, dtype=compute, device=dev)
+    bias = torch.zeros(B, Hkv, 1, needed * bs, dtype=compute, device=dev)
     bias.masked_fill_(past_end[:, None, None, :], -math.inf)  # 0, or -inf past the sequence
+    bias = bias.view(B * Hkv, 1, -1)  # (B·Hkv, 1, n·bs)
     keys, values = key_pool.reshape(-1, bs, D), value_pool.reshape(-1, bs, Dv)
-    m = q.new_full((B, Hkv, q.shape[2], 1), -math.inf)  # running max of the scores
-    l = q.new_zeros(B, Hkv, q.shape[2], 1)  # running sum of exp(scores - m)  # noqa: E741
-    acc = q.new_zeros(B, Hkv, q.shape[2], Dv)  # running weighted sum of values
-    for j in range(0, needed, BLOCKS_PER_STEP):  # up to BLOCKS_PER_STEP blocks of each sequence
-        step = rows[:, :, j : j + BLOCKS_PER_STEP]  # (B, Hkv, c)
-        c = step.shape[2]
-        k = keys.index_select(0, step.flatten()).view(B, Hkv, c * bs, D).to(compute)
-        v = values.index_select(0, step.flatten()).view(B, Hkv, c * bs, Dv).to(compute)
-        scores = (q @ k.transpose(-2, -1)).add_(
-            bias[..., j * bs : (j + c) * bs]
-        )  # (B, Hkv, G·L, c·bs)
-        m_new = torch.maximum(m, scores.amax(-1, keepdim=True))  # (B, Hkv, G·L, 1)
+    # Every step gathers into the same two buffers, which stay in the CPU's caches.
+    k_buf = keys.new_empty(B * Hkv * per_step, bs, D)  # (B·Hkv·per_step, bs, D)
+    v_buf = values.new_empty(B * Hkv * per_step, bs, Dv)
+    m = q.new_full((B * Hkv, q.shape[1], 1), -math.inf)  # running max of the scores
+    l = q.new_zeros(B * Hkv, q.shape[1], 1)  # running sum of exp(scores - m)  # noqa: E741
+    acc = q.new_zeros(B * Hkv, q.shape[1], Dv)  # running weighted sum of values
+    for j in range(0, needed, per_step):  # per_step blocks of each sequence at a time
+        c = min(per_step, needed - j)
+        step = rows[:, j : j + c].flatten()  # (B·Hkv·c,) in (sequence, head, block) order
+        k = _take(keys, step, k_buf).view(B * Hkv, c * bs, D)  # this step's keys, in place
+        v = _take(values, step, v_buf).view(B * Hkv, c * bs, Dv)
+        scores = (q @ k.to(compute).transpose(1, 2)).add_(bias[..., j * bs : (j + c) * bs])
+        m_new = torch.maximum(m, scores.detach().amax(-1, keepdim=True))  # (B·Hkv, G·L, 1)
         safe = torch.where(torch.isneginf(m_new), 0.0, m_new)  # a row with no key yet
         p = scores.sub_(safe).exp_()  # in place: the largest tensor of the step
         alpha = torch.exp(m - safe)  # rescales what was summed with the old max
-        l = alpha * l + p.sum(-1, keepdim=True)  # noqa: E741
-        acc = alpha * acc + p @ v  # (B, Hkv, G·L, Dv)
+        l.mul_(alpha).add_(p.sum(-1, keepdim=True))
+        acc.mul_(alpha).baddbmm_(p, v.to(compute))  # (B·Hkv, G·L, Dv)
         m = m_new
-    out = torch.where(l > 0, acc / l.clamp(min=torch.finfo(compute).tiny), 0.0)  # (B, Hkv, G·L, Dv)
-    lse = torch.where(l > 0, m + torch.log(l), -math.inf)  # (B, Hkv, G·L, 1)
+    out = torch.where(l > 0, acc / l.clamp(min=torch.finfo(compute).tiny), 0.0)  # (B·Hkv, G·L, Dv)
+    lse = torch.where(l > 0, m + torch.log(l), -math.inf)  # (B·Hkv, G·L, 1)
     out = out.reshape(B, H, L, Dv).to(query.dtype)  # (B, H, L, Dv)
     return out, lse.reshape(B, H, L)
 
