@@ -465,3 +465,16 @@ def test_paged_attention_takes_a_strided_pool_and_int32_lengths():
         query, wide[..., ::2], cache.value_pool, cache.block_table, cache.seq_lens.int()
     )
     assert_close(out, sdpa_per_sequence(query, keys, values))
+
+
+def test_paged_attention_gradients_match_finite_differences():
+    """The tiles are gathered into reused buffers only when autograd does not need them."""
+    g = torch.Generator().manual_seed(5)
+    opts = {"dtype": torch.float64, "requires_grad": True}
+    query = torch.randn(2, 4, 1, 8, generator=g, **opts)
+    key_pool = torch.randn(6, 2, 4, 8, generator=g, **opts)
+    value_pool = torch.randn(6, 2, 4, 8, generator=g, **opts)
+    table, lens = torch.tensor([[0, 3], [5, 1]]), torch.tensor([5, 8])
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: mha.paged_attention(q, k, v, table, lens), (query, key_pool, value_pool)
+    )
