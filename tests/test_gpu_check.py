@@ -8,6 +8,7 @@ import sys
 
 import nbformat
 import pytest
+import torch
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "tools"))
@@ -88,7 +89,37 @@ def test_main_writes_the_cpu_file(tmp_path, monkeypatch, capsys):
     ]
     assert [c["passed"] for c in result["report"]] == [True, False]
     assert result["triton_vs_sdpa_fp16"] is None  # no GPU here
+    assert result["triton_paged_varlen_fp16"] is None
     assert "wrote" in capsys.readouterr().out
+
+
+@pytest.mark.triton
+def test_paged_varlen_timing_checks_and_times_the_three(monkeypatch):
+    """The serving-step timing at smoke-test sizes, its kernel in Triton's interpreter (on a GPU
+    it runs compiled): the kernel, mha.paged_varlen_attention and SDPA per sequence agree, and
+    each is timed (a timer that only records what it is given stands in: the interpreter is
+    slow)."""
+    pytest.importorskip("triton")
+    import mha.lab.timing
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU tools/gpu_check.py runs it at full size")
+    calls = []
+
+    def recorded(fn, *args, **kwargs):
+        calls.append(fn)
+        t = 1e-3 * len(calls)
+        return mha.lab.timing.Timing(median=t, iqr=0.0, runs=1, times=(t,))
+
+    monkeypatch.setattr(mha.lab.timing, "time_fn", recorded)
+    rows = gpu_check.paged_varlen_timing(quick=True, device="cpu")
+    assert [r["D"] for r in rows] == [64, 128]
+    from mha.triton_paged import triton_paged_varlen_attention
+
+    timed = [triton_paged_varlen_attention, mha.paged_varlen_attention, gpu_check.per_sequence]
+    assert calls == timed * 2
+    assert rows[0]["mha_over_triton"] == 2.0 and rows[0]["sdpa_over_triton"] == 3.0
+    assert rows[1]["chunks"] == "4 x 32" and rows[1]["decodes"] == 6
 
 
 def test_device_slug():

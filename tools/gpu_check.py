@@ -6,9 +6,11 @@
 On a CUDA machine it runs on the GPU; elsewhere it produces the CPU file. It executes every chapter
 strictly (every cell, every assert, nothing written back), runs the performance report
 (tools/bench_report.py) on the device, and, on a GPU, times the chapter-6 Triton kernel against
-torch's SDPA in float16 for L from 1k to 16k. The JSON holds the device, its compute capability,
-the versions of torch and triton, each chapter's pass/fail, wall time and measured claims (value,
-bound and margin, from ``mha.claims``), and every measured ratio of the report.
+torch's SDPA in float16 for L from 1k to 16k, and the chapter-9 Triton kernel for a serving step
+(prompt chunks and decode steps over the paged pool) against mha.paged_varlen_attention and one
+SDPA call per sequence. The JSON holds the device, its compute capability, the versions of torch
+and triton, each chapter's pass/fail, wall time and measured claims (value, bound and margin, from
+``mha.claims``), every measured ratio of the report, and the two kernels' timings.
 """
 
 from __future__ import annotations
@@ -115,6 +117,94 @@ def triton_throughput(quick: bool) -> list[dict[str, object]]:
     return rows
 
 
+def paged_varlen_timing(quick: bool, device: str = "cuda") -> list[dict[str, object]]:
+    """One serving step as the bench's chunked-prefill check builds it (4 prompt chunks of 256
+    and 28 decode steps over 2,048 cached positions, H 8, Hkv 2, blocks of 16, float16), for D 64
+    and 128: the chapter-9 Triton kernel against ``mha.paged_varlen_attention`` (the same pool,
+    one call) and against one SDPA call per sequence over its contiguous cache. The ratios are
+    the others' time over the kernel's (> 1: the kernel is faster). The three agree first."""
+    from mha import triton_paged
+    from mha.lab.timing import time_fn
+
+    chunk, decodes, cached = (32, 6, 128) if quick else (256, 28, 2048)
+    H, Hkv, bs = 8, 2, 16
+    counts = [chunk] * 4 + [1] * decodes  # queries per sequence
+    lens = [cached + n for n in counts]  # this step's keys are in the pool already
+    blocks = [-(-S // bs) for S in lens]
+    cu = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)
+    g = torch.Generator().manual_seed(0)
+    rows: list[dict[str, object]] = []
+    for D in (64, 128):
+
+        def randn(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=g).to(device, torch.float16)
+
+        pool_k, pool_v = randn(sum(blocks), Hkv, bs, D), randn(sum(blocks), Hkv, bs, D)
+        order = torch.randperm(sum(blocks), generator=g)  # blocks scattered in the pool
+        table = torch.full((len(counts), max(blocks)), -1, dtype=torch.int32)
+        starts = [0, *torch.tensor(blocks).cumsum(0).tolist()]
+        for b, n in enumerate(blocks):
+            table[b, :n] = order[starts[b] : starts[b] + n].int()
+        q = randn(sum(counts), H, D)  # (total_q, H, D)
+        args = (q, pool_k, pool_v, table.to(device), cu.to(device), torch.tensor(lens).to(device))
+        # What an engine without a paged kernel runs: each sequence's cache contiguous, SDPA
+        # with the causal mask aligned bottom-right.
+        ks, vs, qs, masks = [], [], [], []
+        for b, (n, S) in enumerate(zip(counts, lens)):
+            ids = table[b, : blocks[b]].long().to(device)
+            ks.append(pool_k[ids].transpose(0, 1).reshape(1, Hkv, -1, D)[:, :, :S].contiguous())
+            vs.append(pool_v[ids].transpose(0, 1).reshape(1, Hkv, -1, D)[:, :, :S].contiguous())
+            qs.append(q[int(cu[b]) : int(cu[b + 1])].transpose(0, 1)[None].contiguous())
+            i = torch.arange(S - n, S, device=device)[:, None]
+            masks.append(None if n == 1 else torch.arange(S, device=device)[None, :] <= i)
+
+        with torch.no_grad():
+            ours = triton_paged.triton_paged_varlen_attention(*args)
+            want = torch.cat(
+                [o[0].transpose(0, 1) for o in per_sequence(qs, ks, vs, masks)]
+            )  # (total_q, H, D)
+            torch.testing.assert_close(ours, want, atol=2e-3, rtol=2e-3)
+            torch.testing.assert_close(
+                ours, mha.paged_varlen_attention(*args), atol=2e-3, rtol=2e-3
+            )
+            t_ours = time_fn(triton_paged.triton_paged_varlen_attention, *args).median
+            t_mha = time_fn(mha.paged_varlen_attention, *args).median
+            t_sdpa = time_fn(per_sequence, qs, ks, vs, masks).median
+        rows.append(
+            {
+                "D": D,
+                "chunks": f"4 x {chunk}",
+                "decodes": decodes,
+                "cached": cached,
+                "triton_ms": t_ours * 1e3,
+                "mha_ms": t_mha * 1e3,
+                "sdpa_per_sequence_ms": t_sdpa * 1e3,
+                "mha_over_triton": t_mha / t_ours,
+                "sdpa_over_triton": t_sdpa / t_ours,
+            }
+        )
+    return rows
+
+
+def per_sequence(
+    qs: list[torch.Tensor],
+    ks: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    masks: list[torch.Tensor | None],
+) -> list[torch.Tensor]:
+    """One SDPA call per sequence over its contiguous cache (masks: bottom-right causal, None for
+    a decode step, which sees every key).
+
+    Shapes:
+        qs ``(1, H, n_b, D)``, ks and vs ``(1, Hkv, S_b, D)``, masks ``(n_b, S_b)``; returns
+        ``(1, H, n_b, D)`` each.
+    """
+    return [
+        torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, attn_mask=mb, enable_gqa=True)
+        for qb, kb, vb, mb in zip(qs, ks, vs, masks)
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python tools/gpu_check.py", description=__doc__.splitlines()[0]
@@ -180,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     result["triton_vs_sdpa_fp16"] = (
         # a T4 with Triton >= 3.3 cannot compile the kernels (caps.triton_note says why)
         triton_throughput(args.quick) if cuda and caps.triton_native else None
+    )
+    # chapter 9's kernel for a serving step: None without a GPU Triton compiles for
+    result["triton_paged_varlen_fp16"] = (
+        paged_varlen_timing(args.quick) if cuda and caps.triton_native else None
     )
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"{slug(name if cuda else 'cpu')}.json"
