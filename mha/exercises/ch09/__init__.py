@@ -2,8 +2,8 @@
 exercises as data for :mod:`.._harness`."""
 
 from .._harness import gather
-from . import chunked, distributed, hybrid, paged_cache, prefix, quant, varlen
+from . import cascade, chunked, distributed, hybrid, paged_cache, prefix, quant, varlen
 
-SECTIONS = (paged_cache, varlen, quant, distributed, chunked, prefix, hybrid)
+SECTIONS = (paged_cache, varlen, quant, distributed, chunked, prefix, cascade, hybrid)
 #: The chapter's exercises in section order.
 EXERCISES = gather(globals(), SECTIONS)

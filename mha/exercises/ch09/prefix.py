@@ -1,4 +1,5 @@
-"""Section 9.6, prefix caching and cascade attention: the exercises as data for :mod:`.._harness`.
+"""Section 9.6, prefix caching: the exercises as data for :mod:`.._harness` (cascade attention's
+is in :mod:`.cascade`).
 
 References: how many positions of a new prompt a prefix cache reuses (the longest prefix of whole
 blocks that an earlier prompt already filled, always leaving one token to compute), and the
@@ -86,19 +87,9 @@ def _reused_by_hashes(earlier: list[list[int]], prompt: list[int], block_size: i
     return found * block_size
 
 
-def _reused_by_common_prefix(earlier: list[list[int]], prompt: list[int], block_size: int) -> int:
-    """The longest run of equal tokens, rounded down to whole blocks."""
-    common = max(
-        (
-            sum(1 for _ in itertools.takewhile(lambda ab: ab[0] == ab[1], zip(p, prompt)))
-            for p in earlier
-        ),
-        default=0,
-    )
-    return min(common, max(len(prompt) - 1, 0)) // block_size * block_size
-
-
-def _reused_tokens(earlier: list[list[int]], prompt: list[int], block_size: int) -> int:
+def _common_tokens(earlier: list[list[int]], prompt: list[int]) -> int:
+    """The longest run of equal tokens from the start, against any earlier prompt, leaving the
+    prompt's last token out."""
     common = max(
         (
             sum(1 for _ in itertools.takewhile(lambda ab: ab[0] == ab[1], zip(p, prompt)))
@@ -107,6 +98,15 @@ def _reused_tokens(earlier: list[list[int]], prompt: list[int], block_size: int)
         default=0,
     )
     return min(common, max(len(prompt) - 1, 0))
+
+
+def _reused_by_common_prefix(earlier: list[list[int]], prompt: list[int], block_size: int) -> int:
+    """The longest run of equal tokens, rounded down to whole blocks."""
+    return _common_tokens(earlier, prompt) // block_size * block_size
+
+
+def _reused_tokens(earlier: list[list[int]], prompt: list[int], block_size: int) -> int:
+    return _common_tokens(earlier, prompt)
 
 
 def _reused_no_token_left(earlier: list[list[int]], prompt: list[int], block_size: int) -> int:
