@@ -395,7 +395,10 @@ def default_blocks(head_dim: int, dtype: torch.dtype) -> tuple[int, int]:
     """The ``(BLOCK_M, BLOCK_N)`` tile sizes :func:`triton_attention` uses unless told otherwise.
 
     Two key/value tiles of ``BLOCK_N x D`` elements live in shared memory per pipeline stage, so
-    wide heads and 4-byte float32 get narrower key tiles to fit the 64 KiB of a T4.
+    wide heads and 4-byte float32 get narrower key tiles. They do not always fit: float32 with
+    ``D = 128`` asks about 72 KiB forward and 105 KiB backward (compiled for sm80/sm90), more
+    than a T4's 64 KiB or an L4's 99 KiB; there the launch fails for lack of shared memory and
+    :func:`triton_attention` retries with halved tiles.
     """
     if dtype == torch.float32 or head_dim > 64:
         return 64, 32
@@ -596,7 +599,7 @@ def _shrinking(
     """Run ``launch(block_m, block_n)``, with smaller tiles while the GPU runs out of resources.
 
     Returns the ``(block_m, block_n)`` that ran. Only tiles that we chose (``tuned``) shrink: a
-    GPU with less shared memory than the defaults assume (64 KiB) gets smaller ones.
+    GPU with less shared memory than the default tiles need gets smaller ones.
     """
     while True:
         try:

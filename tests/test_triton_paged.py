@@ -10,10 +10,7 @@ helpers of tests/test_paged_varlen.py.
 from __future__ import annotations
 
 import importlib
-import os
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -261,53 +258,8 @@ def test_triton_paged_varlen_takes_strided_tensors(tp):
     assert_close(out, mha.paged_varlen_attention(query, key_pool, value_pool, table, cu, seq_lens))
 
 
-# Compiles the mixed-batch kernel for NVIDIA GPUs with Triton's own compiler and ptxas, ahead of
-# time: no GPU is needed, so a machine without one still learns that the kernel builds for one.
-COMPILE = """
-import sys, torch, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from mha import triton_paged as tp
-
-kernel, names = tp._paged_varlen_kernel, tp._paged_varlen_kernel.arg_names
-# dtype, D = Dv, groups, block size, longest chunk, window, sinks, compute capability: a batch
-# of decode steps for an Ampere GPU, a mixed batch for a Hopper one
-for dt, D, G, bs, longest, window, sinks, cc in [("bf16", 64, 4, 16, 1, True, False, 80),
-                                                 ("fp16", 128, 4, 16, 256, False, True, 90)]:
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dt]
-    block_q, block_m, block_n = tp.varlen_tiles(longest, G, D, dtype)
-    const = dict(GROUPS=G, BLOCK_G=G, HEAD_DIM=D, BLOCK_D=D, VALUE_DIM=D, BLOCK_DV=D,
-                 BLOCK_SIZE=bs, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
-                 HAS_WINDOW=window, HAS_SINKS=sinks, UPCAST=False)
-    pointers = dict(Q=dt, KPool=dt, VPool=dt, Table="i32", CuQ="i32", Lens="i32", Sinks="fp32",
-                    Out=dt)
-    sig = {n: "*" + pointers[n] if n in pointers else "constexpr" if n in const
-           else "fp32" if n == "qk_scale" else "i32" for n in names}
-    src = ASTSource(kernel, sig, {(names.index(n),): v for n, v in const.items()})
-    c = triton.compile(src, target=GPUTarget("cuda", cc, 32),
-                       options={"num_warps": 4, "num_stages": 2})
-    assert c.asm["cubin"], (dt, cc)
-print("compiled")
-"""
-
-
-@pytest.mark.triton
-@pytest.mark.slow
-def test_triton_paged_varlen_compiles_for_nvidia_gpus(tmp_path):
-    """The interpreter runs the kernel's source, not the GPU's compiler: without a GPU, compile
-    it for compute capabilities 8.0 and 9.0, in a process outside the interpreter."""
-    triton = pytest.importorskip("triton")
-    if torch.cuda.is_available():
-        pytest.skip("on a GPU the other tests compile and run it")
-    if "nvidia" not in getattr(triton.backends, "backends", {}):
-        pytest.skip("this Triton has no NVIDIA backend")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)  # a fresh compile, not an earlier one's cache
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default, said out loud
-    done = subprocess.run(
-        [sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
+# The kernels' compile for NVIDIA GPUs without a GPU (compute capabilities 8.0 and 9.0, as
+# triton_paged_attention and triton_paged_varlen_attention launch them): tests/test_triton_compile.py.
 
 
 def test_varlen_tiles(tp):

@@ -83,6 +83,9 @@ def _kernel(attention_loop: Any) -> Any:
     if id(attention_loop) not in _KERNELS:
         scope = {**flash_forward_skeleton.__globals__, "attention_loop": attention_loop}
         fn = types.FunctionType(flash_forward_skeleton.__code__, scope, "flash_forward_skeleton")
+        # A new function object starts with no annotations: without `tl.constexpr` on BLOCK_M
+        # and the others, the GPU compiler would take them as runtime integers (tl.arange fails).
+        fn.__annotations__ = dict(flash_forward_skeleton.__annotations__)
         _KERNELS[id(attention_loop)] = (attention_loop, kind(fn))
     return _KERNELS[id(attention_loop)][1]
 
@@ -269,6 +272,7 @@ def _loops() -> dict[str, Any]:
         fn = types.FunctionType(
             _slip_template.__code__, scope, "_slip_template"
         )  # as in its source
+        fn.__annotations__ = dict(_slip_template.__annotations__)  # its tl.constexpr (see _kernel)
         loops[name] = triton.jit(fn)
     return loops
 
