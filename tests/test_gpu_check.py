@@ -116,8 +116,9 @@ def test_paged_varlen_timing_checks_and_times_the_three(monkeypatch):
     assert [r["D"] for r in rows] == [64, 128]
     from mha.triton_paged import triton_paged_varlen_attention
 
-    timed = [triton_paged_varlen_attention, mha.paged_varlen_attention, gpu_check.per_sequence]
-    assert calls == timed * 2
+    per_sequence = gpu_check.bench_report.MixedBatch.per_sequence
+    timed = [triton_paged_varlen_attention, mha.paged_varlen_attention, per_sequence]
+    assert [getattr(fn, "__func__", fn) for fn in calls] == timed * 2
     assert rows[0]["mha_over_triton"] == 2.0 and rows[0]["sdpa_over_triton"] == 3.0
     assert rows[1]["chunks"] == "4 x 32" and rows[1]["decodes"] == 6
 

@@ -4,7 +4,8 @@
     python tools/bench_report.py --quick    # tiny sizes: a smoke test of the report itself
     python tools/bench_report.py --strict   # exit 1 when a target is missed
 
-Every line names what is compared, the measured ratio, its target and the times it comes from.
+Every line names what is compared, the measured ratio, its target and the times it comes from;
+a line starting ``[SKIP]`` names a measurement this run did not make, and why.
 The measurements use :mod:`mha.lab.timing` (``torch.utils.benchmark`` timers) and
 :mod:`mha.lab.memory` (real peak memory).
 Timings on a shared machine vary: ratios are medians of alternating pairs where the claim is a
@@ -370,9 +371,14 @@ def _paged_update_time(
     return step
 
 
-def serving(dev: torch.device, g: torch.Generator, quick: bool, run_time: float) -> list[Check]:
+def serving(
+    dev: torch.device, g: torch.Generator, quick: bool, run_time: float
+) -> list[Check | str]:
     """The paged cache (chapter 9.1): an update costs the same at any length; a decode step
-    through ``paged_attention`` against torch's SDPA over a contiguous cache."""
+    through ``paged_attention``, and through FlexAttention's paged attention (its peer), against
+    torch's SDPA over a contiguous cache."""
+    import bench_serving  # it imports this module's Check
+
     short, long = (16, 256) if quick else (256, 4096)
     pairs = 3 if quick else 7
     ratio, t_long, t_short = paired_ratio(
@@ -381,7 +387,7 @@ def serving(dev: torch.device, g: torch.Generator, quick: bool, run_time: float)
         pairs=pairs,
         min_run_time=run_time,
     )
-    checks = [
+    checks: list[Check | str] = [
         Check(
             f"PagedKVCache update (and truncate) at {long} / at {short} cached tokens, B=8 Hkv=2 D=64",
             ratio,
@@ -419,7 +425,78 @@ def serving(dev: torch.device, g: torch.Generator, quick: bool, run_time: float)
             _times("paged", t_paged, "SDPA", t_sdpa),
         )
     )
+    checks += bench_serving.flex_paged_decode(
+        q, k, v, cache, quick=quick, pairs=pairs, run_time=run_time
+    )
     return checks
+
+
+@dataclass
+class MixedBatch:
+    """One serving step: prompt chunks and decode steps over a paged pool (chapter 9.5), and the
+    same sequences as an engine without a paged kernel holds them (contiguous, one per call).
+
+    ``args`` are :func:`mha.paged_varlen_attention`'s ``(query, key_pool, value_pool,
+    block_table, cu_seqlens_q, seq_lens)``; ``qs``, ``ks``, ``vs`` ``(1, H|Hkv, n_b|S_b, D)`` and
+    ``masks`` (the causal mask aligned bottom-right, None for a decode step) per sequence.
+    """
+
+    args: tuple[torch.Tensor, ...]
+    qs: list[torch.Tensor]
+    ks: list[torch.Tensor]
+    vs: list[torch.Tensor]
+    masks: list[torch.Tensor | None]
+
+    def per_sequence(self) -> list[torch.Tensor]:
+        """One SDPA call per sequence over its contiguous cache; ``(1, H, n_b, D)`` each."""
+        return [
+            F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mb, enable_gqa=True)
+            for qb, kb, vb, mb in zip(self.qs, self.ks, self.vs, self.masks)
+        ]
+
+    def packed(self, outs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Per-sequence outputs packed as the one call returns them: ``(total_q, H, D)``."""
+        return torch.cat([o[0].transpose(0, 1) for o in outs])
+
+
+def mixed_batch(
+    counts: Sequence[int],
+    cached: int,
+    H: int,
+    Hkv: int,
+    D: int,
+    bs: int,
+    dev: torch.device,
+    g: torch.Generator,
+    dtype: torch.dtype = torch.float32,
+) -> MixedBatch:
+    """Sequences with ``counts[b]`` queries each (a prompt chunk, or 1: a decode step) over
+    ``cached`` positions already in the pool, their blocks scattered through it."""
+    lens = [cached + n for n in counts]  # the chunk's or the step's keys are in the pool already
+    blocks = [math.ceil(S / bs) for S in lens]
+    pool_k = _randn((sum(blocks), Hkv, bs, D), dev, g).to(dtype)
+    pool_v = _randn((sum(blocks), Hkv, bs, D), dev, g).to(dtype)
+    order = torch.randperm(sum(blocks), generator=g).to(dev)  # blocks scattered in the pool
+    table = torch.full((len(counts), max(blocks)), -1, dtype=torch.int32, device=dev)
+    used = 0
+    for b, n in enumerate(blocks):
+        table[b, :n] = order[used : used + n].int()
+        used += n
+    cu = torch.tensor([0, *itertools.accumulate(counts)], dtype=torch.int32, device=dev)
+    q = _randn((sum(counts), H, D), dev, g).to(dtype)
+    seq_lens = torch.tensor(lens, device=dev)
+
+    def contiguous(pool: torch.Tensor, b: int) -> torch.Tensor:
+        rows = pool[table[b, : blocks[b]].long()]  # (n_blocks, Hkv, bs, D)
+        return rows.transpose(0, 1).reshape(1, Hkv, -1, D)[:, :, : lens[b]].contiguous()
+
+    return MixedBatch(
+        args=(q, pool_k, pool_v, table, cu, seq_lens),
+        qs=[q[a:z].transpose(0, 1)[None].contiguous() for a, z in itertools.pairwise(cu.tolist())],
+        ks=[contiguous(pool_k, b) for b in range(len(counts))],  # (1, Hkv, S_b, D) each
+        vs=[contiguous(pool_v, b) for b in range(len(counts))],
+        masks=[None if n == 1 else _bottom_right(n, S, dev) for n, S in zip(counts, lens)],
+    )
 
 
 def chunked_prefill(
@@ -430,44 +507,16 @@ def chunked_prefill(
     one SDPA call per sequence over its contiguous cache (the causal mask bottom-right)."""
     chunk, decodes, cached = (32, 6, 128) if quick else (256, 28, 2048)
     H, Hkv, D, bs = 8, 2, 64, 16
-    counts = [chunk] * 4 + [1] * decodes  # queries per sequence: 4 prompt chunks, then decodes
-    lens = [cached + n for n in counts]  # the chunk's or the step's keys are in the pool already
-    blocks = [math.ceil(S / bs) for S in lens]
-    pool_k = _randn((sum(blocks), Hkv, bs, D), dev, g)
-    pool_v = _randn((sum(blocks), Hkv, bs, D), dev, g)
-    order = torch.randperm(sum(blocks), generator=g).to(dev)  # blocks scattered in the pool
-    table = torch.full((len(counts), max(blocks)), -1, dtype=torch.int32, device=dev)
-    used = 0
-    for b, n in enumerate(blocks):
-        table[b, :n] = order[used : used + n].int()
-        used += n
-    cu = torch.tensor([0, *itertools.accumulate(counts)], dtype=torch.int32, device=dev)
-    q = _randn((sum(counts), H, D), dev, g)
-    seq_lens = torch.tensor(lens, device=dev)
-
-    def contiguous(pool: torch.Tensor, b: int) -> torch.Tensor:
-        rows = pool[table[b, : blocks[b]].long()]  # (n_blocks, Hkv, bs, D)
-        return rows.transpose(0, 1).reshape(1, Hkv, -1, D)[:, :, : lens[b]].contiguous()
-
-    ks = [contiguous(pool_k, b) for b in range(len(counts))]  # (1, Hkv, S_b, D) each
-    vs = [contiguous(pool_v, b) for b in range(len(counts))]
-    qs = [q[a:z].transpose(0, 1)[None].contiguous() for a, z in itertools.pairwise(cu.tolist())]
-    masks = [None if n == 1 else _bottom_right(n, S, dev) for n, S in zip(counts, lens)]
-
-    def per_sequence() -> list[torch.Tensor]:
-        return [
-            F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mb, enable_gqa=True)
-            for qb, kb, vb, mb in zip(qs, ks, vs, masks)
-        ]
+    batch = mixed_batch([chunk] * 4 + [1] * decodes, cached, H, Hkv, D, bs, dev, g)
 
     def one_call() -> torch.Tensor:
-        return mha.paged_varlen_attention(q, pool_k, pool_v, table, cu, seq_lens)
+        return mha.paged_varlen_attention(*batch.args)
 
     with torch.no_grad():
-        want = torch.cat([o[0].transpose(0, 1) for o in per_sequence()])  # (total_q, H, D)
+        want = batch.packed(batch.per_sequence())  # (total_q, H, D)
         torch.testing.assert_close(one_call(), want, atol=1e-4, rtol=1e-4)
         ratio, t_ours, t_sdpa = paired_ratio(
-            one_call, per_sequence, pairs=3 if quick else 7, min_run_time=run_time
+            one_call, batch.per_sequence, pairs=3 if quick else 7, min_run_time=run_time
         )
     return [
         Check(
@@ -541,24 +590,29 @@ def run_report(
     device: str | torch.device = "cpu",
     log: Callable[[str], None] | None = None,
 ) -> list[Check]:
-    """Measure every target; call ``log`` with each line as soon as it is measured."""
+    """Measure every target; call ``log`` with each line as soon as it is measured (and with
+    the line of a measurement skipped, which is no Check)."""
+    import bench_serving  # it imports this module's Check
+
     dev = torch.device(device)
     g = torch.Generator().manual_seed(0)
     run_time = 0.02 if quick else 0.2
     checks: list[Check] = []
-    sections = [
+    sections: list[Callable[[], Sequence[Check | str]]] = [
         lambda: module_vs_torch(dev, g, quick, run_time),
         lambda: tiled_attention(dev, g, quick, run_time),
         lambda: reference_overhead(dev, g, quick, run_time),
         lambda: low_precision(dev, g, quick),
         lambda: decode_step(dev, g, quick, run_time),
         lambda: serving(dev, g, quick, run_time),
+        lambda: bench_serving.prefix_caching(dev, g, quick, run_time),
         lambda: packed_attention(dev, g, quick, run_time),
         lambda: chunked_prefill(dev, g, quick, run_time),
     ]
     for section in sections:
         for check in section():
-            checks.append(check)
+            if not isinstance(check, str):
+                checks.append(check)
             if log is not None:
                 log(str(check))
     return checks
@@ -612,4 +666,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # tools/bench_serving.py imports Check from here: let it find this run, not a second copy
+    sys.modules.setdefault("bench_report", sys.modules[__name__])
     sys.exit(main())

@@ -127,49 +127,23 @@ def paged_varlen_timing(quick: bool, device: str = "cuda") -> list[dict[str, obj
     from mha.lab.timing import time_fn
 
     chunk, decodes, cached = (32, 6, 128) if quick else (256, 28, 2048)
-    H, Hkv, bs = 8, 2, 16
-    counts = [chunk] * 4 + [1] * decodes  # queries per sequence
-    lens = [cached + n for n in counts]  # this step's keys are in the pool already
-    blocks = [-(-S // bs) for S in lens]
-    cu = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)
     g = torch.Generator().manual_seed(0)
+    dev = torch.device(device)
     rows: list[dict[str, object]] = []
     for D in (64, 128):
-
-        def randn(*shape: int) -> torch.Tensor:
-            return torch.randn(*shape, generator=g).to(device, torch.float16)
-
-        pool_k, pool_v = randn(sum(blocks), Hkv, bs, D), randn(sum(blocks), Hkv, bs, D)
-        order = torch.randperm(sum(blocks), generator=g)  # blocks scattered in the pool
-        table = torch.full((len(counts), max(blocks)), -1, dtype=torch.int32)
-        starts = [0, *torch.tensor(blocks).cumsum(0).tolist()]
-        for b, n in enumerate(blocks):
-            table[b, :n] = order[starts[b] : starts[b] + n].int()
-        q = randn(sum(counts), H, D)  # (total_q, H, D)
-        args = (q, pool_k, pool_v, table.to(device), cu.to(device), torch.tensor(lens).to(device))
-        # What an engine without a paged kernel runs: each sequence's cache contiguous, SDPA
-        # with the causal mask aligned bottom-right.
-        ks, vs, qs, masks = [], [], [], []
-        for b, (n, S) in enumerate(zip(counts, lens)):
-            ids = table[b, : blocks[b]].long().to(device)
-            ks.append(pool_k[ids].transpose(0, 1).reshape(1, Hkv, -1, D)[:, :, :S].contiguous())
-            vs.append(pool_v[ids].transpose(0, 1).reshape(1, Hkv, -1, D)[:, :, :S].contiguous())
-            qs.append(q[int(cu[b]) : int(cu[b + 1])].transpose(0, 1)[None].contiguous())
-            i = torch.arange(S - n, S, device=device)[:, None]
-            masks.append(None if n == 1 else torch.arange(S, device=device)[None, :] <= i)
-
+        batch = bench_report.mixed_batch(
+            [chunk] * 4 + [1] * decodes, cached, 8, 2, D, 16, dev, g, torch.float16
+        )
         with torch.no_grad():
-            ours = triton_paged.triton_paged_varlen_attention(*args)
-            want = torch.cat(
-                [o[0].transpose(0, 1) for o in per_sequence(qs, ks, vs, masks)]
-            )  # (total_q, H, D)
+            ours = triton_paged.triton_paged_varlen_attention(*batch.args)
+            want = batch.packed(batch.per_sequence())  # (total_q, H, D)
             torch.testing.assert_close(ours, want, atol=2e-3, rtol=2e-3)
             torch.testing.assert_close(
-                ours, mha.paged_varlen_attention(*args), atol=2e-3, rtol=2e-3
+                ours, mha.paged_varlen_attention(*batch.args), atol=2e-3, rtol=2e-3
             )
-            t_ours = time_fn(triton_paged.triton_paged_varlen_attention, *args).median
-            t_mha = time_fn(mha.paged_varlen_attention, *args).median
-            t_sdpa = time_fn(per_sequence, qs, ks, vs, masks).median
+            t_ours = time_fn(triton_paged.triton_paged_varlen_attention, *batch.args).median
+            t_mha = time_fn(mha.paged_varlen_attention, *batch.args).median
+            t_sdpa = time_fn(batch.per_sequence).median
         rows.append(
             {
                 "D": D,
@@ -184,25 +158,6 @@ def paged_varlen_timing(quick: bool, device: str = "cuda") -> list[dict[str, obj
             }
         )
     return rows
-
-
-def per_sequence(
-    qs: list[torch.Tensor],
-    ks: list[torch.Tensor],
-    vs: list[torch.Tensor],
-    masks: list[torch.Tensor | None],
-) -> list[torch.Tensor]:
-    """One SDPA call per sequence over its contiguous cache (masks: bottom-right causal, None for
-    a decode step, which sees every key).
-
-    Shapes:
-        qs ``(1, H, n_b, D)``, ks and vs ``(1, Hkv, S_b, D)``, masks ``(n_b, S_b)``; returns
-        ``(1, H, n_b, D)`` each.
-    """
-    return [
-        torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, attn_mask=mb, enable_gqa=True)
-        for qb, kb, vb, mb in zip(qs, ks, vs, masks)
-    ]
 
 
 def main(argv: list[str] | None = None) -> int:
