@@ -726,7 +726,7 @@ def _paged_attention(
     for j in range(0, needed, per_step):  # per_step blocks of each sequence at a time
         c = min(per_step, needed - j)
         step = rows[:, j : j + c].flatten()  # (B·Hkv·c,) in (sequence, head, block) order
-        k = _take(keys, step, k_buf).view(B * Hkv, c * bs, D)  # this step's keys, in place
+        k = _take(keys, step, k_buf).view(B * Hkv, c * bs, D)  # this step's keys, in k_buf
         v = _take(values, step, v_buf).view(B * Hkv, c * bs, Dv)
         scores = (q @ k.to(compute).transpose(1, 2)).add_(bias[..., j * bs : (j + c) * bs])
         m_new = torch.maximum(m, scores.detach().amax(-1, keepdim=True))  # (B·Hkv, G·L, 1)

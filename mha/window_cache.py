@@ -8,9 +8,10 @@ future query can see, the block is given back to the pool and its entry in the b
 becomes ``-1``. A sequence then holds at most ``ceil(window / block_size) + 1`` blocks while it
 decodes, however long it grows (vLLM's hybrid KV-cache manager frees them the same way).
 
-:class:`SlidingWindowPagedCache` is a :class:`mha.PagedKVCache` that does this on every write; its ``window`` makes the attention
-through the pool :func:`mha.paged_varlen_attention` with that ``window``, which never reads a
-freed entry (and a prompt chunk must then be causal).
+:class:`SlidingWindowPagedCache` is a :class:`mha.PagedKVCache` that does this on every write.
+Its ``window`` attribute makes the paged attention pass that window to
+:func:`mha.paged_varlen_attention`, which never reads a freed entry (so a prompt chunk must be
+causal).
 """
 
 from __future__ import annotations

@@ -478,3 +478,18 @@ def test_paged_attention_gradients_match_finite_differences():
     assert torch.autograd.gradcheck(
         lambda q, k, v: mha.paged_attention(q, k, v, table, lens), (query, key_pool, value_pool)
     )
+
+
+@pytest.mark.parametrize("S", [4096, 16384])
+def test_paged_attention_working_memory_is_one_tile_at_any_length(S):
+    """No tensor made inside holds a whole sequence's keys, and the largest stays the same size
+    (one tile of TILE_KEYS numbers) when the sequences grow four times longer."""
+    from test_paged_varlen import _NewMemory
+
+    B, H, Hkv, D = 2, 4, 2, 64
+    cache = mha.PagedKVCache(block_size=16)
+    cache.update(randn(B, Hkv, S, D, seed=1), randn(B, Hkv, S, D, seed=2))
+    args = (randn(B, H, 1, D, seed=3), cache.key_pool, cache.value_pool)
+    with _NewMemory(args[1:]) as seen:
+        mha.paged_attention(*args, cache.block_table, cache.seq_lens)
+    assert seen.largest[0] == mha.paged.TILE_KEYS < S * Hkv * D, seen.largest

@@ -23,56 +23,21 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import bench_serving
 import torch
 import torch.nn.functional as F
+from bench_checks import Check, randn, times
 from torch import nn
 
 import mha
 from mha.lab.memory import MiB, peak_memory
-from mha.lab.timing import Timing, compare_times, paired_ratio
-
-
-@dataclass(frozen=True)
-class Check:
-    """One line of the performance report.
-
-    Attributes:
-        name: what is compared, with the sizes.
-        value: the measured ratio.
-        target: the bound the ratio must respect.
-        at_most: ``True`` when ``value <= target`` passes, ``False`` when ``value >= target`` does.
-        detail: the measurements the ratio comes from.
-    """
-
-    name: str
-    value: float
-    target: float
-    at_most: bool
-    detail: str
-
-    @property
-    def passed(self) -> bool:
-        """Whether the target is met."""
-        return self.value <= self.target if self.at_most else self.value >= self.target
-
-    def __str__(self) -> str:
-        op = "<=" if self.at_most else ">="
-        status = "PASS" if self.passed else "FAIL"
-        return f"[{status}] {self.name}: ~{self.value:.3f} (target {op} {self.target:g}); {self.detail}"
-
-
-def _randn(shape: tuple[int, ...], device: torch.device, g: torch.Generator) -> torch.Tensor:
-    return torch.randn(shape, generator=g).to(device)  # drawn on the CPU: same numbers everywhere
+from mha.lab.timing import compare_times, paired_ratio
 
 
 def _cached_kv(cache: mha.KVCache) -> tuple[torch.Tensor, torch.Tensor]:
     """The keys and values of a cache that a prefill has filled (None before its first update)."""
     assert cache.key is not None and cache.value is not None, "the cache is empty"
     return cache.key, cache.value
-
-
-def _times(a: str, ta: Timing, b: str, tb: Timing) -> str:
-    return f"{a} ~{ta.ms:.3f} ms, {b} ~{tb.ms:.3f} ms"
 
 
 def module_vs_torch(
@@ -84,7 +49,7 @@ def module_vs_torch(
     for B, L, E, H in sizes:
         theirs = nn.MultiheadAttention(E, H, batch_first=True).to(dev).eval()
         ours = mha.MultiHeadAttention.from_torch(theirs, backend="sdpa").eval()
-        x = _randn((B, L, E), dev, g)
+        x = randn((B, L, E), dev, g)
         with torch.no_grad():
             torch.testing.assert_close(
                 ours(x)[0], theirs(x, x, x, need_weights=False)[0], atol=1e-4, rtol=1e-4
@@ -101,7 +66,7 @@ def module_vs_torch(
                 ratio,
                 1.0,
                 True,
-                _times("ours", t_ours, "torch", t_theirs),
+                times("ours", t_ours, "torch", t_theirs),
             )
         )
     return checks
@@ -112,7 +77,7 @@ def tiled_attention(
 ) -> list[Check]:
     """``mha.flash_attention`` against the math version and torch's fused kernel at a long length."""
     B, H, L, D = (1, 2, 256, 16) if quick else (1, 8, 4096, 64)
-    q, k, v = (_randn((B, H, L, D), dev, g) for _ in range(3))
+    q, k, v = (randn((B, H, L, D), dev, g) for _ in range(3))
     size = f"B={B} H={H} L=S={L} D={D}"
     pairs = 3 if quick else 5
     with torch.no_grad():
@@ -157,21 +122,21 @@ def tiled_attention(
             t["flash"].median / t["math"].median,
             1.0,
             True,
-            _times("flash", t["flash"], "math", t["math"]),
+            times("flash", t["flash"], "math", t["math"]),
         ),
         Check(
             f"flash_attention / torch SDPA time (median of pairs), {size}",
             vs_sdpa,
             1.6,
             True,
-            _times("flash", t_flash, "sdpa", t_sdpa),
+            times("flash", t_flash, "sdpa", t_sdpa),
         ),
         Check(
             f"flash_attention causal tile-skipping speed-up, full / causal (median of pairs), {size}",
             skip,
             1.8,
             False,
-            _times("full", t_full, "causal", t_causal),
+            times("full", t_full, "causal", t_causal),
         ),
     ]
 
@@ -181,7 +146,7 @@ def reference_overhead(
 ) -> list[Check]:
     """The readable reference must not pay for features it does not use."""
     B, H, L, D = (2, 2, 64, 32) if quick else (8, 8, 256, 64)
-    q, k, v = (_randn((B, H, L, D), dev, g) for _ in range(3))
+    q, k, v = (randn((B, H, L, D), dev, g) for _ in range(3))
     scale = 1.0 / math.sqrt(D)
     with torch.no_grad():
         ratio, t_mha, t_inline = paired_ratio(
@@ -196,7 +161,7 @@ def reference_overhead(
             ratio,
             1.3,
             True,
-            _times("mha", t_mha, "inline", t_inline),
+            times("mha", t_mha, "inline", t_inline),
         )
     ]
 
@@ -213,7 +178,7 @@ def _low_precision_cases(
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """float64 (q, k, v) with logit spreads (std) of 1, 9, 25 and 49, and |q·k| beyond 65504."""
     L, D = (32, 32) if quick else (256, 64)
-    q, k, v = (_randn((2, 4, L, D), dev, g).double() for _ in range(3))
+    q, k, v = (randn((2, 4, L, D), dev, g).double() for _ in range(3))
     return [(s * q, s * k, v) for s in (1.0, 3.0, 5.0, 7.0)] + [(30 * q, 30 * q, v)]
 
 
@@ -222,7 +187,7 @@ def low_precision(dev: torch.device, g: torch.Generator, quick: bool) -> list[Ch
     cases = _low_precision_cases(dev, g, quick)
     torch.manual_seed(0)
     golden_layer = mha.MultiHeadAttention(64, 4, dtype=torch.float64).to(dev).eval()
-    x = _randn((2, 32 if quick else 256, 64), dev, g).double()
+    x = randn((2, 32 if quick else 256, 64), dev, g).double()
     checks = []
     with torch.no_grad():
         golden_layer.q_proj.weight.mul_(6.0)  # large weights: logits with a spread of tens
@@ -277,7 +242,7 @@ def _decode_width(
         kv: mha.MultiHeadAttention(E, H, num_kv_heads=kv, backend="sdpa").to(dev).eval()
         for kv in (H, Hkv)
     }
-    x = _randn((1, P + 1, E), dev, g)
+    x = randn((1, P + 1, E), dev, g)
     new = x[:, P:]  # (1, 1, E) the token being decoded
     caches = {kv: mha.KVCache() for kv in layers}
     checks = []
@@ -313,7 +278,7 @@ def _decode_width(
                     ratio,
                     1.0,
                     True,
-                    _times("ours", t_ours, "three", t_three),
+                    times("ours", t_ours, "three", t_three),
                 )
             )
         ratio, t_gqa, t_mha = paired_ratio(step(Hkv), step(H), pairs=pairs, min_run_time=run_time)
@@ -323,10 +288,10 @@ def _decode_width(
                 ratio,
                 1.0,
                 True,
-                _times("GQA", t_gqa, "MHA", t_mha),
+                times("GQA", t_gqa, "MHA", t_mha),
             )
         )
-        q = _randn((1, H, 1, E // H), dev, g)
+        q = randn((1, H, 1, E // H), dev, g)
         k, v = _cached_kv(caches[Hkv])  # (1, Hkv, P, D)
         ratio, t_grouped, t_repeated = paired_ratio(
             lambda: mha.scaled_dot_product_attention(q, k, v, enable_gqa=True),
@@ -342,7 +307,7 @@ def _decode_width(
                 ratio,
                 1.0,
                 True,
-                _times("grouped", t_grouped, "repeated", t_repeated),
+                times("grouped", t_grouped, "repeated", t_repeated),
             )
         )
     return checks
@@ -360,8 +325,8 @@ def _paged_update_time(
     writes one token per sequence, then drops it again (``truncate``), so ``S`` stays put."""
     B, Hkv, D = 8, 2, 64
     cache = mha.PagedKVCache(block_size=16)
-    cache.update(_randn((B, Hkv, S, D), dev, g), _randn((B, Hkv, S, D), dev, g))
-    k, v = _randn((B, Hkv, 1, D), dev, g), _randn((B, Hkv, 1, D), dev, g)
+    cache.update(randn((B, Hkv, S, D), dev, g), randn((B, Hkv, S, D), dev, g))
+    k, v = randn((B, Hkv, 1, D), dev, g), randn((B, Hkv, 1, D), dev, g)
 
     def step() -> None:
         cache.update(k, v)
@@ -377,8 +342,6 @@ def serving(
     """The paged cache (chapter 9.1): an update costs the same at any length; a decode step
     through ``paged_attention``, and through FlexAttention's paged attention (its peer), against
     torch's SDPA over a contiguous cache."""
-    import bench_serving  # it imports this module's Check
-
     short, long = (16, 256) if quick else (256, 4096)
     pairs = 3 if quick else 7
     ratio, t_long, t_short = paired_ratio(
@@ -393,12 +356,12 @@ def serving(
             ratio,
             1.2,
             True,
-            _times(f"at {long}", t_long, f"at {short}", t_short),
+            times(f"at {long}", t_long, f"at {short}", t_short),
         )
     ]
     B, H, Hkv, D, S = (2, 8, 2, 64, 256) if quick else (8, 8, 2, 64, 2048)
-    k, v = _randn((B, Hkv, S, D), dev, g), _randn((B, Hkv, S, D), dev, g)
-    q = _randn((B, H, 1, D), dev, g)
+    k, v = randn((B, Hkv, S, D), dev, g), randn((B, Hkv, S, D), dev, g)
+    q = randn((B, H, 1, D), dev, g)
     cache = mha.PagedKVCache(block_size=16)
     cache.update(k, v)
     assert cache.key_pool is not None and cache.value_pool is not None  # the update made them
@@ -422,7 +385,7 @@ def serving(
             ratio,
             1.5,
             True,
-            _times("paged", t_paged, "SDPA", t_sdpa),
+            times("paged", t_paged, "SDPA", t_sdpa),
         )
     )
     checks += bench_serving.flex_paged_decode(
@@ -474,8 +437,8 @@ def mixed_batch(
     ``cached`` positions already in the pool, their blocks scattered through it."""
     lens = [cached + n for n in counts]  # the chunk's or the step's keys are in the pool already
     blocks = [math.ceil(S / bs) for S in lens]
-    pool_k = _randn((sum(blocks), Hkv, bs, D), dev, g).to(dtype)
-    pool_v = _randn((sum(blocks), Hkv, bs, D), dev, g).to(dtype)
+    pool_k = randn((sum(blocks), Hkv, bs, D), dev, g).to(dtype)
+    pool_v = randn((sum(blocks), Hkv, bs, D), dev, g).to(dtype)
     order = torch.randperm(sum(blocks), generator=g).to(dev)  # blocks scattered in the pool
     table = torch.full((len(counts), max(blocks)), -1, dtype=torch.int32, device=dev)
     used = 0
@@ -483,7 +446,7 @@ def mixed_batch(
         table[b, :n] = order[used : used + n].int()
         used += n
     cu = torch.tensor([0, *itertools.accumulate(counts)], dtype=torch.int32, device=dev)
-    q = _randn((sum(counts), H, D), dev, g).to(dtype)
+    q = randn((sum(counts), H, D), dev, g).to(dtype)
     seq_lens = torch.tensor(lens, device=dev)
 
     def contiguous(pool: torch.Tensor, b: int) -> torch.Tensor:
@@ -525,7 +488,7 @@ def chunked_prefill(
             ratio,
             1.5,
             True,
-            _times("one call", t_ours, "per sequence", t_sdpa),
+            times("one call", t_ours, "per sequence", t_sdpa),
         )
     ]
 
@@ -548,7 +511,7 @@ def packed_attention(
 
     lengths = [8, 12, 16, 20, 28, 36, 48, 64] if quick else [64, 96, 128, 160, 224, 288, 384, 512]
     B, H, D, L_max = len(lengths), 8, 64, max(lengths)
-    seqs = [_randn((n, H, D), dev, g) for n in lengths]
+    seqs = [randn((n, H, D), dev, g) for n in lengths]
     q, cu = pack(seqs)  # (total, H, D), (B + 1,)
     q_pad = torch.zeros(B, H, L_max, D, device=dev)
     for b, s in enumerate(seqs):
@@ -579,7 +542,7 @@ def packed_attention(
             ratio,
             1.0,
             False,
-            _times("padded", t_pad, "packed", t_packed) + f"; FLOP ratio {flops:.2f}",
+            times("padded", t_pad, "packed", t_packed) + f"; FLOP ratio {flops:.2f}",
         )
     ]
 
@@ -592,8 +555,6 @@ def run_report(
 ) -> list[Check]:
     """Measure every target; call ``log`` with each line as soon as it is measured (and with
     the line of a measurement skipped, which is no Check)."""
-    import bench_serving  # it imports this module's Check
-
     dev = torch.device(device)
     g = torch.Generator().manual_seed(0)
     run_time = 0.02 if quick else 0.2
@@ -666,6 +627,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # tools/bench_serving.py imports Check from here: let it find this run, not a second copy
-    sys.modules.setdefault("bench_report", sys.modules[__name__])
     sys.exit(main())

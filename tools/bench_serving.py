@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
-from bench_report import Check, _randn, _times
+from bench_checks import Check, randn, times
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
@@ -71,7 +71,7 @@ def prefix_caching(
     prompts, per_system = _workload(g, quick, vocab)
     torch.manual_seed(0)
     model = [mha.TransformerBlock(E, H, num_kv_heads=Hkv).to(dev).eval() for _ in range(layers)]
-    embed = _randn((vocab, E), dev, g)
+    embed = randn((vocab, E), dev, g)
     # A pool that holds every block of every request: nothing cached is evicted.
     num_blocks = sum(math.ceil(len(p) / bs) for p in prompts)
 
@@ -120,7 +120,7 @@ def prefix_caching(
             ratio,
             round(target, 3),
             True,
-            _times("cached", t_cached, "plain", t_plain)
+            times("cached", t_cached, "plain", t_plain)
             + "; hit rate = the shared whole blocks' (exact); last outputs equal",
         )
     ]
@@ -280,7 +280,7 @@ def flex_paged_decode(
             ratio,
             1.5,
             True,
-            _times("flex", t_flex, "SDPA", t_sdpa)
+            times("flex", t_flex, "SDPA", t_sdpa)
             + f" (flex includes building its block mask from the table, ~{t_mask.ms:.3f} ms)",
         )
     ]

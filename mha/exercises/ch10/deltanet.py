@@ -30,16 +30,7 @@ import mha
 from mha import gated_delta
 from mha.models import gated_deltanet
 
-from .._harness import (
-    Case,
-    Exercise,
-    defined_in,
-    publish,
-    randn64,
-    slipped,
-    tr,
-    whole,
-)
+from .._harness import Case, Exercise, defined_in, publish, randn64, slipped, tr, whole
 
 _NO_GATED_DELTA = "write the step yourself, without mha.gated_delta_rule."
 #: Every function of mha.gated_delta (the rule, its recurrence and chunked form) and of the
