@@ -310,3 +310,25 @@ def test_warm_kernels_give_each_run_a_fresh_kernel_started_ahead(tmp_path):
             execute_notebook.run(notebook(), cwd=REPO, km=warm.take())
         last = warm.next
     assert warm.started == 4 and not last.has_kernel  # closing shuts down the one left
+
+
+@pytest.mark.slow
+def test_a_run_leaves_no_client_connected_to_the_ports_of_its_kernel(tmp_path):
+    """After a run on a kernel it was handed, nothing of the run's client stays connected: its
+    heartbeat, left running, pinged the dead kernel's port every second, and a later kernel that
+    bound that port for its shell logged "DELIM not in msg_list" as stderr into its cells."""
+    import zmq
+    from jupyter_client.manager import KernelManager
+
+    km = KernelManager()
+    nb = nbformat.v4.new_notebook(cells=[cell("print(1)", [])])
+    assert execute_notebook.run(nb, cwd=tmp_path, km=km).passed and not km.has_kernel
+    ctx = zmq.Context()
+    listener = ctx.socket(zmq.ROUTER)  # a later kernel's shell socket on the freed port
+    try:
+        listener.bind(f"tcp://{km.ip}:{km.hb_port}")
+        # the heartbeat pings once a second and reconnects within 0.1 s
+        assert not listener.poll(3000), listener.recv_multipart()
+    finally:
+        listener.close(linger=0)
+        ctx.term()

@@ -229,6 +229,12 @@ def run(
     finally:
         if km is not None and km.has_kernel:  # nbclient leaves a kernel it was handed running
             km.shutdown_kernel(now=True)
+        # ... and that kernel's client connected. Its heartbeat would go on pinging the freed
+        # ports: a later kernel that binds one as its shell port logs "DELIM not in msg_list"
+        # into the cell running then, as stderr.
+        if client.kc is not None:
+            client.kc.stop_channels()
+            client.kc = None
         atexit.unregister(client._cleanup_kernel)  # left registered when a kernel fails to start
     return Run(nb, time.perf_counter() - start, error, dict(client.sent), client.cell_seconds)
 
