@@ -254,9 +254,11 @@ def kernels(colab):
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
 
-    def new_manager() -> KernelManager:
+    def new_manager() -> KernelManager:  # over Unix sockets, as every kernel the runner starts
         specs = KernelSpecManager(kernel_dirs=[str(colab.kernel_dirs)])
-        return KernelManager(kernel_name="colab-standin", kernel_spec_manager=specs)
+        return execute_notebook.new_kernel_manager(
+            kernel_name="colab-standin", kernel_spec_manager=specs
+        )
 
     with execute_notebook.WarmKernels(
         new_manager, cwd=colab.content, env=colab_environment(), startup=PRELOAD

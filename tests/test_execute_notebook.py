@@ -289,14 +289,14 @@ def test_make_execute_records_the_smallest_text_of_each_figure(tmp_path, monkeyp
 def test_warm_kernels_give_each_run_a_fresh_kernel_started_ahead(tmp_path):
     """The notebook test's kernels: each run takes one that is already started and has run
     nothing, the next one starts at once, and no kernel serves two runs."""
-    from jupyter_client.manager import KernelManager
 
     def notebook() -> nbformat.NotebookNode:
         return nbformat.v4.new_notebook(
             cells=[cell("import os\nx = globals().get('x', 0) + 1\nprint(os.getpid(), x)", [])]
         )
 
-    with execute_notebook.WarmKernels(KernelManager, cwd=tmp_path) as warm:
+    with execute_notebook.WarmKernels(cwd=tmp_path) as warm:  # their own Unix sockets
+        assert warm.new_manager is execute_notebook.new_kernel_manager
         taken = [warm.take() for _ in range(2)]  # the second is the one started ahead
         assert all(km.has_kernel for km in taken) and warm.next.has_kernel
         runs = [execute_notebook.run(notebook(), cwd=tmp_path, km=km) for km in taken]
@@ -310,6 +310,7 @@ def test_warm_kernels_give_each_run_a_fresh_kernel_started_ahead(tmp_path):
             execute_notebook.run(notebook(), cwd=REPO, km=warm.take())
         last = warm.next
     assert warm.started == 4 and not last.has_kernel  # closing shuts down the one left
+    assert {km.transport for km in [*taken, last]} == {"ipc"}
 
 
 @pytest.mark.slow
@@ -332,3 +333,15 @@ def test_a_run_leaves_no_client_connected_to_the_ports_of_its_kernel(tmp_path):
     finally:
         listener.close(linger=0)
         ctx.term()
+
+
+@pytest.mark.slow
+def test_kernels_talk_over_unix_sockets_removed_after_the_run(tmp_path):
+    """run()'s own kernel manager (execute_notebook.new_kernel_manager): no TCP port to race for,
+    and no socket file left behind once the kernel is shut down."""
+    source = "from ipykernel.kernelapp import IPKernelApp\nprint(IPKernelApp.instance().transport)"
+    nb = nbformat.v4.new_notebook(cells=[cell(source, [])])
+    assert execute_notebook.run(nb, cwd=tmp_path).passed
+    assert execute_notebook.stdout_of(nb.cells[0]) == "ipc\n"
+    folder = Path(execute_notebook._SOCKETS.name)
+    assert folder.is_dir() and not list(folder.iterdir())

@@ -89,6 +89,7 @@ def test_main_writes_the_cpu_file(tmp_path, monkeypatch, capsys):
     ]
     assert [c["passed"] for c in result["report"]] == [True, False]
     assert result["triton_vs_sdpa_fp16"] is None  # no GPU here
+    assert result["triton_targets"] == {"forward": 0.8, "backward": 0.5}
     assert result["triton_paged_varlen_fp16"] is None
     assert "wrote" in capsys.readouterr().out
 
@@ -142,3 +143,39 @@ def test_committed_results_hold_what_the_appendix_reads():
                 else check["value"] >= check["target"]
             )
             assert check["passed"] == meets, (path.name, check["name"])
+
+
+@pytest.mark.triton
+def test_triton_throughput_times_forward_and_backward_against_sdpa(monkeypatch):
+    """The Triton sweep at a tiny size, its kernels in Triton's interpreter (on a GPU they run
+    compiled at full size): the forward and the backward of the kernel and of SDPA are each timed,
+    the throughputs follow from the FLOPs, and the error against SDPA is recorded (small here)."""
+    pytest.importorskip("triton")
+    import mha.lab.timing
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU tools/gpu_check.py runs it at full size")
+    calls = []
+
+    def recorded(fn, *args, **kwargs):
+        calls.append(fn)
+        t = 1e-3 * len(calls)
+        return mha.lab.timing.Timing(median=t, iqr=0.0, runs=1, times=(t,))
+
+    monkeypatch.setattr(mha.lab.timing, "time_fn", recorded)
+    rows = gpu_check.triton_throughput(quick=True, device="cpu", lengths=[32], tokens=64, heads=2)
+    assert [(r["D"], r["L"], r["causal"]) for r in rows] == [
+        (64, 32, False),
+        (64, 32, True),
+        (128, 32, False),
+        (128, 32, True),
+    ]
+    assert len(calls) == 4 * len(rows)  # per row: forward and backward of each
+    first = rows[0]  # timed 1, 2 (triton fwd, bwd) then 3, 4 (SDPA fwd, bwd) ms
+    assert first["ratio"] == 3.0 and first["bwd_ratio"] == 2.0
+    flops = 4 * 2 * 2 * 32 * 32 * 64  # B 2, H 2, L 32, D 64, full
+    assert first["triton_tflops"] == pytest.approx(flops / 1e-3 / 1e12)
+    assert first["triton_bwd_tflops"] == pytest.approx(2.5 * flops / 2e-3 / 1e12)
+    assert rows[1]["sdpa_tflops"] == pytest.approx(flops / 2 / 7e-3 / 1e12)  # causal: half
+    assert all(r["max_relative_error"] < 1e-2 for r in rows), rows
+    assert set(gpu_check.TRITON_TARGETS) == {"forward", "backward"}

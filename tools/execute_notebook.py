@@ -35,7 +35,9 @@ import atexit
 import copy
 import re
 import sys
+import tempfile
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +46,7 @@ from typing import Any
 
 import nbformat
 from fold_solutions import fold
+from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from nbformat.v4 import output_from_msg
@@ -69,6 +72,25 @@ def record_figure_text(stem: str) -> str:
 
 
 # --- running ---------------------------------------------------------------------------------
+
+_SOCKETS: tempfile.TemporaryDirectory[str] | None = None  # the kernels' sockets, this process's
+
+
+def new_kernel_manager(**kwargs: Any) -> KernelManager:
+    """A kernel manager whose kernel talks over Unix sockets in a folder of this process's own
+    (``kwargs``: ``kernel_name``, ``kernel_spec_manager`` ...), not over TCP ports on 127.0.0.1.
+
+    With TCP, a kernel's five ports are picked free and bound a moment later by the kernel, and
+    every connection to a kernel takes a port of the same range for its own end: a kernel then
+    may find its port taken (seen: its heartbeat thread died with "Address already in use"), and
+    a client left connected to a freed port reaches whichever later kernel binds it. A socket
+    file has a name of its own: neither can happen.
+    """
+    global _SOCKETS
+    if _SOCKETS is None:
+        _SOCKETS = tempfile.TemporaryDirectory(prefix="mha-kernels-")
+    name = f"kernel-{uuid.uuid4().hex[:12]}"  # its files: <name>-<port>
+    return KernelManager(transport="ipc", ip=str(Path(_SOCKETS.name) / name), **kwargs)
 
 
 @dataclass
@@ -193,11 +215,14 @@ def run(
     its tags. With ``honour_tags`` cells tagged ``skip-execution`` are left unexecuted (as in the
     book); without it every cell runs, as in Colab's "Run all". ``km`` is a kernel manager to use
     (a Colab stand-in's kernelspec), or one whose kernel :class:`WarmKernels` started ahead with
-    the same ``cwd``, ``env`` and ``startup`` (and never used); ``env``, the kernel's environment
+    the same ``cwd``, ``env`` and ``startup`` (and never used); without it, a new one from
+    :func:`new_kernel_manager` for ``kernel_name``; ``env``, the kernel's environment
     (default: this process's); ``startup``, Python lines the kernel runs before the first cell.
     The kernel is shut down at the end.
     """
-    if km is not None and km.has_kernel:
+    if km is None:
+        km = new_kernel_manager(kernel_name=kernel_name)
+    elif km.has_kernel:
         started = getattr(km, "mha_started_with", None)
         if started != _kernel_start(cwd, env, startup):
             km.shutdown_kernel(now=True)
@@ -227,11 +252,11 @@ def run(
     except Exception as err:  # a timeout, a dead kernel: no cell output says it
         error = f"{type(err).__name__}: {err}".strip()[-2000:]
     finally:
-        if km is not None and km.has_kernel:  # nbclient leaves a kernel it was handed running
+        if km.has_kernel:  # nbclient leaves a kernel it was handed running
             km.shutdown_kernel(now=True)
         # ... and that kernel's client connected. Its heartbeat would go on pinging the freed
-        # ports: a later kernel that binds one as its shell port logs "DELIM not in msg_list"
-        # into the cell running then, as stderr.
+        # ports (over TCP, a later kernel that bound one as its shell port logged "DELIM not in
+        # msg_list" into the cell running then, as stderr).
         if client.kc is not None:
             client.kc.stop_channels()
             client.kc = None
@@ -246,13 +271,13 @@ class WarmKernels:
     :func:`run` shuts it down at the end. Use it as a context manager (or call :meth:`close`) so
     that the kernel started last is shut down too.
 
-    ``new_manager`` makes a kernel manager (one per kernel); ``cwd``, ``env`` and ``startup`` are
-    those of :func:`run`, which must be given the same.
+    ``new_manager`` makes a kernel manager (one per kernel; default :func:`new_kernel_manager`);
+    ``cwd``, ``env`` and ``startup`` are those of :func:`run`, which must be given the same.
     """
 
     def __init__(
         self,
-        new_manager: Callable[[], Any],
+        new_manager: Callable[[], Any] = new_kernel_manager,
         *,
         cwd: Path,
         env: Mapping[str, str] | None = None,

@@ -5,12 +5,14 @@
 
 On a CUDA machine it runs on the GPU; elsewhere it produces the CPU file. It executes every chapter
 strictly (every cell, every assert, nothing written back), runs the performance report
-(tools/bench_report.py) on the device, and, on a GPU, times the chapter-6 Triton kernel against
-torch's SDPA in float16 for L from 1k to 16k, and the chapter-9 Triton kernel for a serving step
-(prompt chunks and decode steps over the paged pool) against mha.paged_varlen_attention and one
-SDPA call per sequence. The JSON holds the device, its compute capability, the versions of torch
-and triton, each chapter's pass/fail, wall time and measured claims (value, bound and margin, from
-``mha.claims``), every measured ratio of the report, and the two kernels' timings.
+(tools/bench_report.py) on the device, and, on a GPU, times the chapter-6 Triton kernel (forward)
+and the chapter-7 kernels (backward) against torch's SDPA in float16 for L from 1k to 16k, with
+the course's targets (TRITON_TARGETS: at least 0.8 of SDPA's throughput forward, 0.5 backward),
+and the chapter-9 Triton kernel for a serving step (prompt chunks and decode steps over the paged
+pool) against mha.paged_varlen_attention and one SDPA call per sequence. The JSON holds the
+device, its compute capability, the versions of torch and triton, each chapter's pass/fail, wall
+time and measured claims (value, bound and margin, from ``mha.claims``), every measured ratio of
+the report, the kernels' timings and the Triton targets.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import platform
 import re
 import sys
 import tempfile
+from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -84,34 +88,75 @@ def run_chapter(path: Path) -> ChapterRun:
     }
 
 
-def triton_throughput(quick: bool) -> list[dict[str, object]]:
-    """TFLOP/s of the chapter-6 kernel and of torch SDPA, float16 forward, on a CUDA GPU."""
+# The course's targets for the chapter-6/7 Triton kernels on a GPU, as fractions of torch SDPA's
+# throughput in float16 (head dims 64 and 128): the forward pass, and the backward pass.
+TRITON_TARGETS = {"forward": 0.8, "backward": 0.5}
+
+
+def triton_throughput(
+    quick: bool,
+    device: str = "cuda",
+    lengths: Sequence[int] | None = None,
+    tokens: int = 16384,
+    heads: int = 16,
+) -> list[dict[str, object]]:
+    """TFLOP/s of the chapter-6 forward kernel and the chapter-7 backward kernels against torch
+    SDPA's, float16, for head dims 64 and 128, causal and not, ``tokens`` = B x L fixed.
+
+    Each row records how far the kernel's output and gradients are from SDPA's
+    (``max_relative_error``, which chapter 11 checks), so that a wrong kernel's speed is not read
+    as a result; a large error does not stop the run, which writes its file at the end. FLOPs:
+    4 B H L^2 D for a full forward (two matrix products), 2.5 times that for the backward (five),
+    half of each with the causal mask. The backward is timed alone: ``autograd.grad`` over a graph
+    built once and kept. ``ratio`` and ``bwd_ratio`` are the kernel's throughput over SDPA's.
+    """
     from mha import triton_flash
     from mha.lab.timing import time_fn
 
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if lengths is None:
+        lengths = [1024, 2048] if quick else [1024, 2048, 4096, 8192, 16384]
     rows: list[dict[str, object]] = []
-    lengths = [1024, 2048] if quick else [1024, 2048, 4096, 8192, 16384]
     g = torch.Generator().manual_seed(0)
     for D in (64, 128):
         for L in lengths:
             for causal in (False, True):
-                B, H = max(1, 16384 // L), 16
-                q, k, v = (
-                    torch.randn(B, H, L, D, generator=g).to("cuda", torch.float16) for _ in range(3)
+                B = max(1, tokens // L)
+                q, k, v, grad = (
+                    torch.randn(B, heads, L, D, generator=g).to(device, torch.float16)
+                    for _ in range(4)
                 )
-                flops = 4 * B * H * L * L * D / (2 if causal else 1)
-                ours = time_fn(triton_flash.triton_attention, q, k, v, is_causal=causal).median
-                theirs = time_fn(
-                    torch.nn.functional.scaled_dot_product_attention, q, k, v, is_causal=causal
-                ).median
+                flops = 4 * B * heads * L * L * D / (2 if causal else 1)
+                t_fwd, t_bwd = {}, {}
+                outs: dict[str, tuple[torch.Tensor, ...]] = {}
+                for name, fn in (("triton", triton_flash.triton_attention), ("sdpa", sdpa)):
+                    with torch.no_grad():
+                        t_fwd[name] = time_fn(fn, q, k, v, is_causal=causal).median
+                    inputs = [t.detach().requires_grad_() for t in (q, k, v)]
+                    out = fn(inputs[0], inputs[1], inputs[2], is_causal=causal)  # graph kept
+                    backward = partial(torch.autograd.grad, out, inputs, grad, retain_graph=True)
+                    outs[name] = (out.detach(), *backward())
+                    t_bwd[name] = time_fn(backward).median
+                # the largest difference from SDPA, over SDPA's largest magnitude, of the
+                # output and the three gradients (float16 rounding alone gives ~1e-3)
+                error = max(
+                    (
+                        (ours.float() - theirs.float()).abs().max() / theirs.float().abs().max()
+                    ).item()
+                    for ours, theirs in zip(outs["triton"], outs["sdpa"], strict=True)
+                )
                 rows.append(
                     {
                         "D": D,
                         "L": L,
                         "causal": causal,
-                        "triton_tflops": flops / ours / 1e12,
-                        "sdpa_tflops": flops / theirs / 1e12,
-                        "ratio": theirs / ours,
+                        "triton_tflops": flops / t_fwd["triton"] / 1e12,
+                        "sdpa_tflops": flops / t_fwd["sdpa"] / 1e12,
+                        "ratio": t_fwd["sdpa"] / t_fwd["triton"],
+                        "triton_bwd_tflops": 2.5 * flops / t_bwd["triton"] / 1e12,
+                        "sdpa_bwd_tflops": 2.5 * flops / t_bwd["sdpa"] / 1e12,
+                        "bwd_ratio": t_bwd["sdpa"] / t_bwd["triton"],
+                        "max_relative_error": error,
                     }
                 )
     return rows
@@ -222,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         for c in checks
     ]
+    result["triton_targets"] = TRITON_TARGETS
     result["triton_vs_sdpa_fp16"] = (
         # a T4 with Triton >= 3.3 cannot compile the kernels (caps.triton_note says why)
         triton_throughput(args.quick) if cuda and caps.triton_native else None
