@@ -236,6 +236,72 @@ def _take(pieces: Tensor, index: Tensor, buffer: Tensor) -> Tensor:
     return torch.index_select(pieces, 0, index, out=buffer[: index.numel()])
 
 
+def _paged_attention_rows(
+    query: Tensor,
+    key_pool: Tensor,
+    value_pool: Tensor,
+    block_table: Tensor,
+    seq_lens: Tensor,
+    scale: float,
+) -> tuple[Tensor, Tensor] | None:
+    """:func:`mha.paged._paged_attention` in two passes, when every score of the call fits in
+    one tile of ``TILE_KEYS`` numbers (a decode step over a few thousand positions): the first
+    pass gathers each tile's keys and writes its scores, one softmax normalises whole rows, the
+    second pass gathers the values. vLLM's first PagedAttention kernel kept a sequence's whole
+    row of scores the same way. About twenty operations, where the running state takes over a
+    hundred; ``None`` when the scores do not fit or autograd must see the call (``out=`` has no
+    gradient): the running state then does it.
+
+    Shapes:
+        query ``(B, H, L, D)``; returns out ``(B, H, L, Dv)`` and its logsumexp ``(B, H, L)``.
+    """
+    B, H, L, D = query.shape
+    Hkv, bs, Dv = key_pool.shape[1], key_pool.shape[2], value_pool.shape[-1]
+    inputs = (query, key_pool, value_pool)
+    if B == 0 or (torch.is_grad_enabled() and any(x.requires_grad for x in inputs)):
+        return None
+    dev = query.device
+    lens = seq_lens.to(device=dev, dtype=torch.int64)  # (B,)
+    needed = math.ceil(int(lens.max()) / bs)  # blocks of the longest sequence
+    per_step = max(1, min(needed, TILE_KEYS // (B * Hkv * bs * max(D, Dv))))
+    steps, tile = math.ceil(needed / per_step), per_step * bs  # tile: positions per step
+    if needed == 0 or B * H * L * steps * tile > TILE_KEYS:
+        return None
+    compute = torch.float32 if query.dtype in validate.LOW_PRECISION else query.dtype
+    q = (query.reshape(B * Hkv, -1, D) * scale).to(compute)  # (B·Hkv, G·L, D)
+    # Row n·Hkv + h of the pool seen as (N·Hkv, bs, D) is head h of block n. Step t reads
+    # per_step blocks of every sequence: idx[t]; block 0 pads the last step (masked below, as
+    # is a -1 of the table).
+    blocks = block_table[:, :needed].long().clamp(min=0)  # (B, n)
+    idx = torch.zeros(B, Hkv, steps * per_step, dtype=torch.long, device=dev)
+    idx[:, :, :needed] = blocks[:, None, :] * Hkv + torch.arange(Hkv, device=dev)[:, None]
+    idx = idx.view(B * Hkv, steps, per_step).transpose(0, 1).contiguous()  # (T, B·Hkv, per_step)
+    keys, values = key_pool.reshape(-1, bs, D), value_pool.reshape(-1, bs, Dv)
+    k_buf = keys.new_empty(B * Hkv * per_step, bs, D)  # (B·Hkv·per_step, bs, D), every step's
+    v_buf = values.new_empty(B * Hkv * per_step, bs, Dv)
+    scores = q.new_empty(steps, B * Hkv, q.shape[1], tile)  # (T, B·Hkv, G·L, tile)
+    for t in range(steps):  # first pass: keys -> scores[t], one piece of memory per step
+        k = _take(keys, idx[t].view(-1), k_buf).view(B * Hkv, tile, D)
+        torch.bmm(q, k.to(compute).transpose(1, 2), out=scores[t])
+    first = int(lens.min()) // tile  # the steps before it hold no position past any end
+    if first < steps:
+        past_end = torch.arange(first * tile, steps * tile, device=dev) >= lens[:, None]
+        past_end = past_end.view(B, steps - first, 1, 1, tile).transpose(0, 1)  # (T', B, 1, 1, t)
+        rows = scores[first:].view(steps - first, B, Hkv, q.shape[1], tile)
+        rows.masked_fill_(past_end, -math.inf)
+    m = scores.amax(dim=(0, 3), keepdim=True)  # (1, B·Hkv, G·L, 1): each row's max
+    m.nan_to_num_(neginf=0.0)  # a sequence with no position (a max of -inf): every exp is 0
+    p = scores.sub_(m).exp_()  # (T, B·Hkv, G·L, tile), in place
+    l = p.sum(dim=(0, 3)).unsqueeze(-1)  # (B·Hkv, G·L, 1)  # noqa: E741
+    acc = q.new_zeros(B * Hkv, q.shape[1], Dv)
+    for t in range(steps):  # second pass: values, weighted by exp(score - row's max)
+        v = _take(values, idx[t].view(-1), v_buf).view(B * Hkv, tile, Dv)
+        acc.baddbmm_(p[t], v.to(compute))  # (B·Hkv, G·L, Dv)
+    out = acc.div_(l.clamp(min=torch.finfo(compute).tiny))  # a row with no key: 0 / tiny = 0
+    lse = m[0] + torch.log(l)  # (B·Hkv, G·L, 1); -inf for a row with no key
+    return out.reshape(B, H, L, Dv).to(query.dtype), lse.reshape(B, H, L)
+
+
 def _needs_mask(
     first: list[int], lens: list[int], n: int, t: int, c: int, bs: int, window: int | None
 ) -> bool:

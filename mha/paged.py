@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from . import validation as validate
-from .chunked_prefill import TILE_KEYS, _paged_varlen_attention, _take
+from .chunked_prefill import TILE_KEYS, _paged_attention_rows, _paged_varlen_attention, _take
 from .decoding import _merge_partials
 from .flash import _flash_attention
 from .multihead import _check_cache_step
@@ -696,6 +696,9 @@ def _paged_attention(
         query ``(B, H, L, D)``; returns out ``(B, H, L, Dv)`` and its logsumexp ``(B, H, L)``
         (float32 for float16/bfloat16 inputs).
     """
+    whole = _paged_attention_rows(query, key_pool, value_pool, block_table, seq_lens, scale)
+    if whole is not None:  # every score fits in one tile: two passes, softmax over whole rows
+        return whole
     B, H, L, D = query.shape
     Hkv, bs, Dv = key_pool.shape[1], key_pool.shape[2], value_pool.shape[-1]
     compute = torch.float32 if query.dtype in validate.LOW_PRECISION else query.dtype

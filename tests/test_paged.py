@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from unittest import mock
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -39,6 +42,26 @@ def filled_cache(lengths, Hkv=2, D=8, Dv=8, block_size=4, seed=0, **kwargs):
 
 # --- paged_attention against SDPA --------------------------------------------------------------
 
+# paged_attention's two methods: whole rows of scores in two passes, when they fit in one tile
+# (chunked_prefill._paged_attention_rows), else the running state over tiles (an online softmax).
+PATHS = ["whole rows", "running state"]
+
+
+@contextlib.contextmanager
+def on_path(path):
+    """Run paged_attention by ``path``: the running state by making the two-pass method decline;
+    the whole rows by checking that the two-pass method gave the result."""
+    real = mha.chunked_prefill._paged_attention_rows
+    results = []
+
+    def rows(*args):
+        results.append(None if path == "running state" else real(*args))
+        return results[-1]
+
+    with mock.patch.object(mha.paged, "_paged_attention_rows", rows):
+        yield
+    assert path == "running state" or all(r is not None for r in results), "rows declined"
+
 
 @settings(max_examples=30, deadline=None)
 @given(
@@ -46,22 +69,26 @@ def filled_cache(lengths, Hkv=2, D=8, Dv=8, block_size=4, seed=0, **kwargs):
     groups=st.sampled_from([1, 2, 4]),
     block_size=st.sampled_from([1, 4, 16]),
 )
-def test_paged_attention_equals_sdpa_over_each_sequence(lengths, groups, block_size):
+@pytest.mark.parametrize("path", PATHS)
+def test_paged_attention_equals_sdpa_over_each_sequence(path, lengths, groups, block_size):
     assume(any(lengths))  # (a cache that never stored a token has no pool yet)
     cache, keys, values = filled_cache(lengths, Hkv=2, D=8, Dv=6, block_size=block_size)
     query = randn(len(lengths), 2 * groups, 1, 8, seed=99)  # (B, H, 1, D)
-    out = mha.paged_attention(
-        query, cache.key_pool, cache.value_pool, cache.block_table, cache.seq_lens
-    )
+    with on_path(path):
+        out = mha.paged_attention(
+            query, cache.key_pool, cache.value_pool, cache.block_table, cache.seq_lens
+        )
     assert_close(out, sdpa_per_sequence(query, keys, values))
 
 
-def test_paged_attention_reads_a_shuffled_pool_and_long_sequences(monkeypatch):
+@pytest.mark.parametrize("path", PATHS)
+def test_paged_attention_reads_a_shuffled_pool_and_long_sequences(monkeypatch, path):
     """Blocks anywhere in the pool, tables with -1 past the end, more blocks than one step reads."""
     g = torch.Generator().manual_seed(3)
     B, H, Hkv, D, bs = 3, 4, 1, 16, 8
     lengths = [1, 300, 700]  # 700 positions: 88 blocks, three steps of 32 blocks, the last short
-    monkeypatch.setattr(mha.paged, "TILE_KEYS", B * Hkv * bs * D * 32)  # 32 blocks per step
+    for module in (mha.paged, mha.chunked_prefill):  # 32 blocks per step, by either method
+        monkeypatch.setattr(module, "TILE_KEYS", B * Hkv * bs * D * 32)
     pool_k, pool_v = randn(400, Hkv, bs, D, seed=1), randn(400, Hkv, bs, D, seed=2)
     perm = torch.randperm(400, generator=g)
     table = torch.full((B, 280), -1, dtype=torch.int64)
@@ -80,7 +107,8 @@ def test_paged_attention_reads_a_shuffled_pool_and_long_sequences(monkeypatch):
     ]
     query = randn(B, H, 1, D, seed=4)
     lens = torch.tensor(lengths)
-    out = mha.paged_attention(query, pool_k, pool_v, table.int(), lens, scale=0.3)
+    with on_path(path):
+        out = mha.paged_attention(query, pool_k, pool_v, table.int(), lens, scale=0.3)
     want = torch.cat(
         [
             F.scaled_dot_product_attention(query[b : b + 1], k, v, scale=0.3, enable_gqa=True)
@@ -90,26 +118,30 @@ def test_paged_attention_reads_a_shuffled_pool_and_long_sequences(monkeypatch):
     assert_close(out, want)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_paged_attention_low_precision_is_as_close_as_sdpa(dtype):
+def test_paged_attention_low_precision_is_as_close_as_sdpa(dtype, path):
     """In float16/bfloat16 the error against a float64 run is no worse than SDPA's own."""
     cache, keys, values = filled_cache([37, 5], Hkv=2, D=16, Dv=16)
     query = randn(2, 4, 1, 16, seed=7)
     gold = sdpa_per_sequence(query, keys, values)
     low = [t.to(dtype) for t in (query, cache.key_pool, cache.value_pool)]
-    out = mha.paged_attention(*low, cache.block_table, cache.seq_lens)
+    with on_path(path):
+        out = mha.paged_attention(*low, cache.block_table, cache.seq_lens)
     ref = sdpa_per_sequence(low[0], [k.to(dtype) for k in keys], [v.to(dtype) for v in values])
     assert out.dtype == dtype
     err, ref_err = (out.double() - gold).abs().max(), (ref.double() - gold).abs().max()
     assert err <= 2 * ref_err + 1e-3
 
 
-def test_empty_sequence_gives_zeros_like_sdpa():
+@pytest.mark.parametrize("path", PATHS)
+def test_empty_sequence_gives_zeros_like_sdpa(path):
     cache, _, _ = filled_cache([0, 3])
     query = randn(2, 2, 1, 8, seed=1)
-    out = mha.paged_attention(
-        query, cache.key_pool, cache.value_pool, cache.block_table, cache.seq_lens
-    )
+    with on_path(path):
+        out = mha.paged_attention(
+            query, cache.key_pool, cache.value_pool, cache.block_table, cache.seq_lens
+        )
     empty = torch.empty(1, 2, 0, 8, dtype=torch.float64)
     assert_close(out[:1], F.scaled_dot_product_attention(query[:1], empty, empty))
 
@@ -468,7 +500,8 @@ def test_paged_attention_takes_a_strided_pool_and_int32_lengths():
 
 
 def test_paged_attention_gradients_match_finite_differences():
-    """The tiles are gathered into reused buffers only when autograd does not need them."""
+    """The tiles are gathered into reused buffers only when autograd does not need them (and the
+    two-pass method, whose products write into its scores with ``out=``, declines)."""
     g = torch.Generator().manual_seed(5)
     opts = {"dtype": torch.float64, "requires_grad": True}
     query = torch.randn(2, 4, 1, 8, generator=g, **opts)
@@ -480,16 +513,31 @@ def test_paged_attention_gradients_match_finite_differences():
     )
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("S", [4096, 16384])
-def test_paged_attention_working_memory_is_one_tile_at_any_length(S):
+def test_paged_attention_working_memory_is_one_tile_at_any_length(S, path):
     """No tensor made inside holds a whole sequence's keys, and the largest stays the same size
-    (one tile of TILE_KEYS numbers) when the sequences grow four times longer."""
+    (one tile of TILE_KEYS numbers) when the sequences grow four times longer, by either method
+    (the whole rows of scores are at most one tile too)."""
     from test_paged_varlen import _NewMemory
 
     B, H, Hkv, D = 2, 4, 2, 64
     cache = mha.PagedKVCache(block_size=16)
     cache.update(randn(B, Hkv, S, D, seed=1), randn(B, Hkv, S, D, seed=2))
     args = (randn(B, H, 1, D, seed=3), cache.key_pool, cache.value_pool)
-    with _NewMemory(args[1:]) as seen:
+    with _NewMemory(args[1:]) as seen, on_path(path):
         mha.paged_attention(*args, cache.block_table, cache.seq_lens)
     assert seen.largest[0] == mha.paged.TILE_KEYS < S * Hkv * D, seen.largest
+
+
+def test_whole_rows_only_where_the_scores_fit_in_one_tile():
+    """The two-pass method takes a decode step whose scores fit in TILE_KEYS numbers and declines
+    one that does not (the running state then runs), and a step that autograd must see."""
+    rows = mha.chunked_prefill._paged_attention_rows
+    cache, _, _ = filled_cache([40, 7], Hkv=2, D=8, Dv=8)
+    args = (cache.key_pool, cache.value_pool, cache.block_table, cache.seq_lens, 0.3)
+    assert rows(randn(2, 4, 1, 8, seed=1), *args) is not None
+    fits = mha.chunked_prefill.TILE_KEYS // (2 * 4 * 40)  # query rows whose scores still fit
+    assert rows(randn(2, 4, fits // 2, 8, seed=1), *args) is not None
+    assert rows(randn(2, 4, fits + 1, 8, seed=1), *args) is None
+    assert rows(randn(2, 4, 1, 8, seed=1).requires_grad_(), *args) is None
