@@ -11,6 +11,8 @@ import pytest
 import torch
 from conftest import REPO
 
+import mha
+
 sys.path.insert(0, str(REPO / "tools"))
 
 import bench_report  # noqa: E402 (tools/ is not a package: it joins the path first)
@@ -94,12 +96,11 @@ def test_main_writes_the_cpu_file(tmp_path, monkeypatch, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
-@pytest.mark.triton
-def test_paged_varlen_timing_checks_and_times_the_three(monkeypatch):
-    """The serving-step timing at smoke-test sizes, its kernel in Triton's interpreter (on a GPU
-    it runs compiled): the kernel, mha.paged_varlen_attention and SDPA per sequence agree, and
-    each is timed (a timer that only records what it is given stands in: the interpreter is
-    slow)."""
+@pytest.fixture
+def fake_timer(monkeypatch):
+    """For the GPU timings run at smoke-test sizes in Triton's interpreter (on a GPU they run
+    compiled at full size): a time_fn that records the function it is given and says the n-th
+    call took n ms. Returns the list of functions timed."""
     pytest.importorskip("triton")
     import mha.lab.timing
 
@@ -113,6 +114,16 @@ def test_paged_varlen_timing_checks_and_times_the_three(monkeypatch):
         return mha.lab.timing.Timing(median=t, iqr=0.0, runs=1, times=(t,))
 
     monkeypatch.setattr(mha.lab.timing, "time_fn", recorded)
+    return calls
+
+
+@pytest.mark.triton
+def test_paged_varlen_timing_checks_and_times_the_three(fake_timer):
+    """The serving-step timing at smoke-test sizes, its kernel in Triton's interpreter (on a GPU
+    it runs compiled): the kernel, mha.paged_varlen_attention and SDPA per sequence agree, and
+    each is timed (a timer that only records what it is given stands in: the interpreter is
+    slow)."""
+    calls = fake_timer
     rows = gpu_check.paged_varlen_timing(quick=True, device="cpu")
     assert [r["D"] for r in rows] == [64, 128]
     from mha.triton_paged import triton_paged_varlen_attention
@@ -146,23 +157,11 @@ def test_committed_results_hold_what_the_appendix_reads():
 
 
 @pytest.mark.triton
-def test_triton_throughput_times_forward_and_backward_against_sdpa(monkeypatch):
+def test_triton_throughput_times_forward_and_backward_against_sdpa(fake_timer):
     """The Triton sweep at a tiny size, its kernels in Triton's interpreter (on a GPU they run
     compiled at full size): the forward and the backward of the kernel and of SDPA are each timed,
     the throughputs follow from the FLOPs, and the error against SDPA is recorded (small here)."""
-    pytest.importorskip("triton")
-    import mha.lab.timing
-
-    if torch.cuda.is_available():
-        pytest.skip("on a GPU tools/gpu_check.py runs it at full size")
-    calls = []
-
-    def recorded(fn, *args, **kwargs):
-        calls.append(fn)
-        t = 1e-3 * len(calls)
-        return mha.lab.timing.Timing(median=t, iqr=0.0, runs=1, times=(t,))
-
-    monkeypatch.setattr(mha.lab.timing, "time_fn", recorded)
+    calls = fake_timer
     rows = gpu_check.triton_throughput(quick=True, device="cpu", lengths=[32], tokens=64, heads=2)
     assert [(r["D"], r["L"], r["causal"]) for r in rows] == [
         (64, 32, False),
