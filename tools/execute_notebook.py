@@ -84,8 +84,11 @@ def new_kernel_manager(**kwargs: Any) -> KernelManager:
     every connection to a kernel takes a port of the same range for its own end: a kernel then
     may find its port taken (seen: its heartbeat thread died with "Address already in use"), and
     a client left connected to a freed port reaches whichever later kernel binds it. A socket
-    file has a name of its own: neither can happen.
+    file has a name of its own: neither can happen. (On Windows, which has no ipc transport in
+    ZeroMQ, the kernels keep TCP.)
     """
+    if sys.platform == "win32":
+        return KernelManager(**kwargs)
     global _SOCKETS
     if _SOCKETS is None:
         _SOCKETS = tempfile.TemporaryDirectory(prefix="mha-kernels-")
